@@ -1,0 +1,128 @@
+"""`Checkpoint`: a directory of files (local or in fsspec storage) or an in-memory dict.
+
+A dict checkpoint is stored as one file, `dict_checkpoint.pt`, written with `torch.save` and read
+back with `torch.load(weights_only=True)`, so nothing from a checkpoint is ever unpickled as code.
+Treating both kinds as files gives one merge rule for the parts that ranks report: files keep their
+names, and ranks that write the same name write the same (replicated) content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+import fsspec
+import torch
+
+from elastic_train.errors import CheckpointError
+
+DICT_FILE = "dict_checkpoint.pt"
+
+
+def dict_to_bytes(data: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return buffer.getvalue()
+
+
+def dict_from_bytes(raw: bytes) -> dict[str, Any]:
+    try:
+        return torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - re-raised with the fix in the message
+        raise CheckpointError(
+            f"Could not load {DICT_FILE} with torch.load(weights_only=True): {exc}. Dict checkpoints may hold "
+            "tensors, numbers, strings and containers of them; save other objects in a directory checkpoint."
+        ) from exc
+
+
+class Checkpoint:
+    """A reported or restored checkpoint (Ray Train's API)."""
+
+    def __init__(self, path: str | os.PathLike, filesystem: fsspec.AbstractFileSystem | None = None):
+        self.path = str(path)
+        self.filesystem = filesystem or fsspec.filesystem("file")
+        self._dict: dict[str, Any] | None = None
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+        """A checkpoint of the files under a local directory."""
+        if not os.path.isdir(path):
+            raise CheckpointError(f"Checkpoint.from_directory({str(path)!r}): no such directory.")
+        return cls(os.path.abspath(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Checkpoint":
+        """A checkpoint of an in-memory dict of tensors, numbers, strings and containers."""
+        if not isinstance(data, dict):
+            raise CheckpointError(f"Checkpoint.from_dict needs a dict, got {type(data).__name__}.")
+        checkpoint = cls("")
+        checkpoint._dict = data
+        return checkpoint
+
+    def files(self) -> dict[str, bytes]:
+        """Every file of the checkpoint by relative path: the snapshot that a report keeps."""
+        if self._dict is not None:
+            return {DICT_FILE: dict_to_bytes(self._dict)}
+        fs = self.filesystem
+        root = fs._strip_protocol(self.path).rstrip("/")
+        out = {}
+        for full in fs.find(root):
+            with fs.open(full, "rb") as f:
+                out[full[len(root) + 1 :]] = f.read()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict this checkpoint was made from."""
+        if self._dict is not None:
+            return self._dict
+        target = f"{self.path.rstrip('/')}/{DICT_FILE}"
+        if not self.filesystem.exists(target):
+            raise CheckpointError(
+                f"Checkpoint at {self.path} has no {DICT_FILE}: it is a directory checkpoint; "
+                "use as_directory() to read its files."
+            )
+        with self.filesystem.open(target, "rb") as f:
+            return dict_from_bytes(f.read())
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local directory holding the checkpoint's files (a temporary copy if it is remote)."""
+        if self._dict is None and is_local(self.filesystem):
+            yield self.path
+            return
+        tmp = tempfile.mkdtemp(prefix="elastic_train_ckpt_")
+        try:
+            write_files(tmp, self.files())
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(dict)" if self._dict is not None else f"Checkpoint(path={self.path!r})"
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def write_files(directory: str, files: dict[str, bytes]) -> None:
+    """Write `files` (relative path -> bytes) under a local directory."""
+    for rel, data in files.items():
+        target = os.path.join(directory, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+
+
+def checkpoint_from_files(files: dict[str, bytes]) -> Checkpoint:
+    """A checkpoint for files held in memory: a dict if that is all it holds, else a local directory."""
+    if set(files) == {DICT_FILE}:
+        return Checkpoint.from_dict(dict_from_bytes(files[DICT_FILE]))
+    directory = tempfile.mkdtemp(prefix="elastic_train_restored_")
+    write_files(directory, files)
+    return Checkpoint.from_directory(directory)

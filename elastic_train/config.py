@@ -1,0 +1,216 @@
+"""User-facing configuration, with Ray Train's names and an `ElasticConfig` for our own knobs.
+
+Every config validates itself on construction, so bad input fails in the driver, before any actor
+starts, with a message that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from elastic_train.errors import ConfigError
+
+_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _check_positive(owner: str, name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{owner}.{name} must be a positive number of seconds, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How many workers to run and what each one needs.
+
+    `num_workers` is either a fixed count or a `(min, max)` range: the run starts with as many as the
+    cluster can place (at least `min`), shrinks when workers are lost and grows back to `max` when
+    capacity appears.
+    """
+
+    num_workers: int | tuple[int, int] = 1
+    use_gpu: bool = False
+    resources_per_worker: Mapping[str, float] | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        n = self.num_workers
+        if isinstance(n, list):
+            object.__setattr__(self, "num_workers", n := tuple(n))
+        if isinstance(n, tuple):
+            if len(n) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in n):
+                raise ConfigError(
+                    f"ScalingConfig.num_workers={n!r}: a range must be a (min, max) pair of integers, "
+                    "e.g. num_workers=(2, 4)."
+                )
+            lo, hi = n
+            if lo < 1:
+                raise ConfigError(
+                    f"ScalingConfig.num_workers={n!r}: min must be at least 1, e.g. num_workers=(1, {max(hi, 1)})."
+                )
+            if lo > hi:
+                raise ConfigError(
+                    f"ScalingConfig.num_workers={n!r}: min {lo} is greater than max {hi}; "
+                    f"write num_workers=({hi}, {lo})."
+                )
+        elif not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(
+                f"ScalingConfig.num_workers={n!r}: need at least 1 worker, as an integer or a (min, max) "
+                "range, e.g. num_workers=2 or num_workers=(1, 2)."
+            )
+        if self.placement_strategy not in _PLACEMENT_STRATEGIES:
+            raise ConfigError(
+                f"ScalingConfig.placement_strategy={self.placement_strategy!r}: use one of "
+                f"{', '.join(_PLACEMENT_STRATEGIES)}."
+            )
+        for key, amount in (self.resources_per_worker or {}).items():
+            if not isinstance(amount, (int, float)) or amount < 0:
+                raise ConfigError(
+                    f"ScalingConfig.resources_per_worker[{key!r}]={amount!r}: amounts must be numbers >= 0."
+                )
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    def worker_resources(self) -> dict[str, float]:
+        """The Ray resources one worker actor asks for (1 CPU, plus 1 GPU with use_gpu)."""
+        resources = {"CPU": 1.0}
+        if self.use_gpu:
+            resources["GPU"] = 1.0
+        resources.update({k: float(v) for k, v in (self.resources_per_worker or {}).items()})
+        return resources
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How many failures of the user's code the run survives before it is declared failed.
+
+    Lost workers (dead actors, lost nodes, silent heartbeats) do not count by default: an elastic run
+    shrinks and goes on. Set `count_worker_loss=True` to make them count too.
+    """
+
+    max_failures: int = 0
+    count_worker_loss: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_failures, int) or isinstance(self.max_failures, bool) or self.max_failures < -1:
+            raise ConfigError(
+                f"FailureConfig.max_failures={self.max_failures!r}: use an integer >= 0, or -1 for no limit."
+            )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Which persisted checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest."""
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
+            raise ConfigError(
+                f"CheckpointConfig.num_to_keep={self.num_to_keep!r}: keep at least 1 checkpoint, or None for all."
+            )
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ConfigError(
+                f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r}: use 'max' or 'min'."
+            )
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Timeouts and intervals of the elastic runtime. Defaults suit a LAN cluster."""
+
+    heartbeat_interval_s: float = 0.5
+    """How often a worker tells the supervisor it is alive."""
+    heartbeat_timeout_s: float = 5.0
+    """A worker silent for this long is declared lost and fenced out."""
+    min_workers_timeout_s: float = 60.0
+    """How long the run waits below `min` workers for capacity before it fails."""
+    initial_placement_timeout_s: float = 30.0
+    """How long the first generation waits for the workers the cluster can place to come up."""
+    drain_timeout_s: float = 10.0
+    """How long a restart waits for survivors to leave the old generation before dropping them."""
+    probe_timeout_s: float = 2.0
+    """How long a liveness probe of a member may take after a collective fails."""
+    rendezvous_timeout_s: float = 30.0
+    """How long a new process group waits for all its ranks to join."""
+    collective_timeout_s: float = 300.0
+    """Per-operation timeout of the torch.distributed process group."""
+    control_tick_s: float = 0.25
+    """The supervisor's state machine re-checks timers at least this often."""
+    checkpoints_in_memory: int = 2
+    """Reported checkpoints each worker keeps in memory for in-place recovery."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name.endswith("_s"):
+                _check_positive("ElasticConfig", f.name, getattr(self, f.name))
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ConfigError(
+                f"ElasticConfig.heartbeat_timeout_s={self.heartbeat_timeout_s} must exceed twice "
+                f"heartbeat_interval_s={self.heartbeat_interval_s}, or healthy workers would be dropped."
+            )
+        if self.checkpoints_in_memory < 1:
+            raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run keeps its results and how it handles checkpoints and failures."""
+
+    name: str | None = None
+    storage_path: str | None = None
+    checkpoint_config: CheckpointConfig | None = None
+    failure_config: FailureConfig | None = None
+    elastic_config: ElasticConfig | None = None
+    storage_options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for attr, cls in (
+            ("checkpoint_config", CheckpointConfig),
+            ("failure_config", FailureConfig),
+            ("elastic_config", ElasticConfig),
+        ):
+            value = getattr(self, attr)
+            if value is not None and not isinstance(value, cls):
+                raise ConfigError(f"RunConfig.{attr} must be a {cls.__name__}, got {type(value).__name__}.")
+        if self.name is not None and (not self.name or "/" in self.name):
+            raise ConfigError(f"RunConfig.name={self.name!r}: use a non-empty name without '/'.")
+
+    def resolved_storage_path(self) -> str:
+        """The storage root: `storage_path`, else $ELASTIC_TRAIN_STORAGE, else ~/elastic_train_results."""
+        return (
+            self.storage_path
+            or os.environ.get("ELASTIC_TRAIN_STORAGE")
+            or os.path.join(os.path.expanduser("~"), "elastic_train_results")
+        )
+
+
+def checked_options(cls: type, options: Mapping[str, Any]) -> Any:
+    """Build `cls(**options)`, naming any unknown key and the keys that exist."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(
+            f"{cls.__name__} has no option {', '.join(map(repr, unknown))}; known options: {', '.join(sorted(known))}."
+        )
+    return cls(**options)
+
+
+__all__ = [
+    "ScalingConfig",
+    "FailureConfig",
+    "CheckpointConfig",
+    "ElasticConfig",
+    "RunConfig",
+    "checked_options",
+]

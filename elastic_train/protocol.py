@@ -1,0 +1,69 @@
+"""Messages between workers and the supervisor. Plain dataclasses: Ray pickles them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Exit(str, enum.Enum):
+    """Why a worker left a generation and parked at the supervisor."""
+
+    JOINED = "joined"  # a new worker, ready for its first generation
+    FINISHED = "finished"  # the user's loop returned
+    UNWOUND = "unwound"  # left at a report boundary, or the generation was superseded
+    COLLECTIVE_ERROR = "collective_error"  # a torch.distributed operation failed
+    USER_ERROR = "user_error"  # the user's code raised
+
+
+@dataclass
+class Outcome:
+    exit: Exit
+    generation: int = -1
+    detail: str = ""  # the traceback for USER_ERROR / COLLECTIVE_ERROR
+
+
+@dataclass
+class ResumePlan:
+    """Where a new generation's `get_checkpoint()` comes from."""
+
+    index: int  # the report index of the checkpoint; the loop's reports go on from here
+    holders: dict[int, list[str]] = field(default_factory=dict)  # worker id -> files it serves from memory
+    storage_path: str | None = None  # a committed checkpoint in storage, when no survivor holds one
+    loader_states: list[dict[str, Any]] = field(default_factory=list)  # prepare_data_loader positions
+
+
+@dataclass
+class Assignment:
+    """A worker's place in a generation."""
+
+    generation: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    resume: ResumePlan | None
+    peers: dict[int, Any]  # worker id -> actor handle of the members (to fetch checkpoint files)
+
+
+@dataclass
+class Stop:
+    """The run is over for this worker."""
+
+    reason: str
+
+
+@dataclass
+class HeartbeatReply:
+    active_generation: int | None  # None while the supervisor is re-forming the group
+    fenced: bool = False  # this worker was dropped from its generation
+
+
+@dataclass
+class ReportReply:
+    accepted: bool  # False for a stale generation: the worker is fenced
+    unwind: bool = False  # leave the loop after this report: the group is being resized

@@ -1,0 +1,1 @@
+"""Supervisor side: one Ray actor that owns membership, generations and the run's state machine."""

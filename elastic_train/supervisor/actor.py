@@ -1,0 +1,458 @@
+"""`Supervisor`: the Ray actor that owns membership and drives the run's state machine.
+
+Workers talk to it (heartbeat, report, park); Ray tells it when a worker actor dies. Every such
+event updates the records and wakes the control loop, which is the only place where the run's
+state changes (see `state.py`). Side effects of a transition (spawning replacement workers,
+aborting survivors' groups, committing checkpoints) are started from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
+from elastic_train.protocol import (
+    Assignment,
+    Exit,
+    HeartbeatReply,
+    Outcome,
+    ReportReply,
+    ResumePlan,
+    Stop,
+)
+from elastic_train.storage import CommittedCheckpoint, RunStorage
+from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
+from elastic_train.supervisor.state import RunState, check_transition
+from elastic_train.worker.actor import TrainWorker, WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What `fit()` turns into a `Result`."""
+
+    state: RunState
+    error: str | None
+    metrics: dict[str, Any]
+    metrics_history: list[dict[str, Any]]
+    checkpoints: list[CommittedCheckpoint]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        scaling: ScalingConfig,
+        failure: FailureConfig,
+        checkpointing: CheckpointConfig,
+    ):
+        self._spec = spec
+        self._scaling = scaling
+        self._failure = failure
+        self._checkpointing = checkpointing
+        self._elastic: ElasticConfig = spec.elastic
+        self._storage: RunStorage = spec.storage
+        self._workers: dict[int, WorkerRecord] = {}
+        self._next_worker_id = 0
+        self._state = RunState.SCHEDULING
+        self._entered = time.monotonic()
+        self._started = time.monotonic()
+        self._generation = -1
+        self._world_size = 0
+        self._tasks: set[asyncio.Future] = set()
+        self._expected_initial = 0
+        self._resize_at: int | None = None
+        self._max_index = 0
+        self._failures = 0
+        self._error: str | None = None
+        self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
+        self._committed: list[CommittedCheckpoint] = self._storage.committed()
+        self._metrics: dict[str, Any] = {}
+        self._history: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._wake = asyncio.Event()
+        self._self_handle = None
+        self._worker_class = ray.remote(TrainWorker)
+
+    # == the control loop ==========================================================================
+    async def run(self) -> RunSummary:
+        self._self_handle = ray.get_runtime_context().current_actor
+        self._expected_initial = min(self._scaling.max_workers, self._placeable_now())
+        self._event("run_started", expected_workers=self._expected_initial)
+        self._top_up_workers()
+        while not self._state.terminal:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._elastic.control_tick_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            self._step(time.monotonic())
+        await self._shut_down()
+        return RunSummary(self._state, self._error, self._metrics, self._history, self._committed, self._events)
+
+    def _step(self, now: float) -> None:
+        self._drop_silent_workers(now)
+        if self._state is RunState.SCHEDULING:
+            self._step_scheduling(now)
+        elif self._state in (RunState.RUNNING, RunState.RESIZING):
+            self._step_running()
+        elif self._state is RunState.RESTARTING:
+            self._step_restarting(now)
+
+    def _step_scheduling(self, now: float) -> None:
+        parked = self._with(WorkerStatus.PARKED)
+        starting = self._with(WorkerStatus.STARTING)
+        waited = now - self._entered
+        enough = len(parked) >= self._scaling.min_workers
+        first = self._generation < 0
+        settled = len(parked) >= self._scaling.max_workers or (
+            not starting and (not first or len(parked) >= self._expected_initial)
+        )
+        if enough and (settled or waited > self._elastic.initial_placement_timeout_s):
+            self._open_generation(parked)
+        elif waited > self._elastic.min_workers_timeout_s:
+            self._fail(
+                f"only {len(parked)} of the minimum {self._scaling.min_workers} workers could be placed within "
+                f"min_workers_timeout_s={self._elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
+                "ScalingConfig.num_workers, or raise ElasticConfig.min_workers_timeout_s."
+            )
+
+    def _step_running(self) -> None:
+        members = self._members()
+        lost = [m for m in members if m.status is WorkerStatus.LOST]
+        exits = [m.exited for m in members if m.exited is not None]
+        if Exit.FINISHED in exits and all(m.exited is Exit.FINISHED or m.status is WorkerStatus.LOST for m in members):
+            self._transition(RunState.FINISHED)
+        elif Exit.USER_ERROR in exits:
+            failed = next(m for m in members if m.exited is Exit.USER_ERROR)
+            self._count_failure(failed.outcome.detail if failed.outcome else "")
+            if not self._state.terminal:
+                self._restart("user code raised")
+        elif lost or Exit.COLLECTIVE_ERROR in exits or (
+            self._state is RunState.RUNNING and any(e is not Exit.FINISHED for e in exits)
+        ):
+            if lost and self._failure.count_worker_loss:
+                self._count_failure(f"worker {lost[0].worker_id} lost: {lost[0].lost_reason}")
+            if not self._state.terminal:
+                self._restart("worker lost" if lost else "collective failed")
+        elif self._state is RunState.RESIZING:
+            if all(m.exited is Exit.UNWOUND for m in members):
+                self._open_generation(members + self._standby())
+        elif self._standby() and len(members) < self._scaling.max_workers:
+            self._resize_at = self._max_index + 1
+            self._event("resize_requested", at_report=self._resize_at, standby=len(self._standby()))
+            self._transition(RunState.RESIZING)
+
+    def _step_restarting(self, now: float) -> None:
+        running = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
+        if running and now - self._entered > self._elastic.drain_timeout_s:
+            for m in running:
+                self._lose(m, f"did not leave generation {self._generation} within drain_timeout_s")
+            running = []
+        if running:
+            return
+        if any(m.exited is Exit.USER_ERROR for m in self._members()):
+            failed = next(m for m in self._members() if m.exited is Exit.USER_ERROR)
+            self._count_failure(failed.outcome.detail if failed.outcome else "")
+            if self._state.terminal:
+                return
+        parked = self._with(WorkerStatus.PARKED)
+        if len(parked) >= self._scaling.min_workers:
+            self._open_generation(parked)
+        else:
+            self._transition(RunState.SCHEDULING)
+
+    # == transitions and their side effects ========================================================
+    def _transition(self, target: RunState, **details: Any) -> None:
+        check_transition(self._state, target)
+        logger.info("run state %s -> %s %s", self._state.value, target.value, details or "")
+        self._event("state", source=self._state.value, target=target.value, **details)
+        self._state = target
+        self._entered = time.monotonic()
+
+    def _restart(self, reason: str) -> None:
+        """Leave the current generation: abort survivors' groups, probe members that did not exit."""
+        self._transition(RunState.RESTARTING, reason=reason)
+        for m in self._members():
+            if m.status is WorkerStatus.MEMBER:
+                m.actor.abort_generation.remote(self._generation)
+                self._track(self._probe(m))
+
+    def _count_failure(self, detail: str) -> None:
+        self._failures += 1
+        limit = self._failure.max_failures
+        self._event("failure", count=self._failures, max_failures=limit, detail=detail[-2000:])
+        if limit != -1 and self._failures > limit:
+            self._fail(detail)
+
+    def _fail(self, error: str) -> None:
+        self._error = error
+        self._transition(RunState.ERRORED)
+
+    def _open_generation(self, candidates: list[WorkerRecord]) -> None:
+        survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
+        newcomers = [w for w in candidates if w not in survivors]
+        chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[
+            : self._scaling.max_workers
+        ]
+        placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
+        self._generation += 1
+        self._world_size = len(chosen)
+        live = {w.worker_id for w in chosen}
+        resume = self._ledger.resume_plan(live) or self._storage_resume_plan()
+        self._ledger.rewind(resume.index if resume else 0)
+        self._max_index = resume.index if resume else 0
+        self._resize_at = None
+        master = next(w for w in chosen if placements[w.worker_id].rank == 0)
+        peers = {w.worker_id: w.actor for w in chosen}
+        for w in chosen:
+            p = placements[w.worker_id]
+            w.status, w.generation, w.rank, w.outcome = WorkerStatus.MEMBER, self._generation, p.rank, None
+            assignment = Assignment(
+                generation=self._generation,
+                rank=p.rank,
+                world_size=len(chosen),
+                local_rank=p.local_rank,
+                local_world_size=p.local_world_size,
+                node_rank=p.node_rank,
+                master_addr=master.ip,
+                master_port=master.free_port,
+                resume=resume,
+                peers=peers,
+            )
+            self._release(w, assignment)
+        for w in self._with(WorkerStatus.PARKED):
+            w.rank = -1  # standby beyond max: not a member of this generation
+        self._event(
+            "generation",
+            generation=self._generation,
+            world_size=len(chosen),
+            members={w.worker_id: {"rank": placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
+            resume_index=resume.index if resume else None,
+            resume_from="storage" if resume and resume.storage_path else ("memory" if resume else None),
+        )
+        self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen))
+
+    def _storage_resume_plan(self) -> ResumePlan | None:
+        if not self._committed:
+            return None
+        latest = self._committed[-1]
+        return ResumePlan(index=latest.index, storage_path=latest.path, loader_states=latest.loader_states)
+
+    async def _probe(self, worker: WorkerRecord) -> None:
+        try:
+            await asyncio.wait_for(worker.actor.ping.remote(), self._elastic.probe_timeout_s)
+        except (asyncio.TimeoutError, ray.exceptions.RayActorError) as exc:
+            self._lose(worker, f"liveness probe failed: {type(exc).__name__}")
+
+    def _drop_silent_workers(self, now: float) -> None:
+        for w in self._workers.values():
+            if w.status in (WorkerStatus.MEMBER, WorkerStatus.PARKED) and now - w.last_heartbeat > self._elastic.heartbeat_timeout_s:
+                self._lose(w, f"no heartbeat for {now - w.last_heartbeat:.1f}s")
+
+    def _lose(self, worker: WorkerRecord, reason: str) -> None:
+        if worker.status is WorkerStatus.LOST:
+            return
+        logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
+        self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,
+                    generation=worker.generation, reason=reason)
+        worker.status, worker.lost_reason = WorkerStatus.LOST, reason
+        self._wake.set()
+
+    def _release(self, worker: WorkerRecord, place: Assignment | Stop) -> None:
+        if worker.waiting is not None and not worker.waiting.done():
+            worker.waiting.set_result(place)
+        worker.waiting = None
+
+    # == worker lifecycle ===========================================================================
+    def _placeable_now(self) -> int:
+        """How many workers the cluster's free resources could host right now."""
+        need = self._scaling.worker_resources()
+        free = ray.available_resources()
+        return min(int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0)
+
+    def _top_up_workers(self) -> None:
+        """Keep `max` worker actors alive or pending; pending ones start when capacity appears."""
+        if self._state.terminal:
+            return
+        alive = [w for w in self._workers.values() if w.status is not WorkerStatus.LOST]
+        resources = self._scaling.worker_resources()
+        for _ in range(self._scaling.max_workers - len(alive)):
+            worker_id = self._next_worker_id
+            self._next_worker_id += 1
+            actor = self._worker_class.options(
+                num_cpus=resources.get("CPU", 0),
+                num_gpus=resources.get("GPU", 0),
+                resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
+                max_concurrency=4,
+                scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
+            ).remote(worker_id, self._self_handle, self._spec)
+            record = WorkerRecord(worker_id, actor)
+            self._workers[worker_id] = record
+            self._track(self._watch(record, actor.run.remote()))
+
+    async def _watch(self, worker: WorkerRecord, run_ref: Any) -> None:
+        try:
+            await run_ref
+        except ray.exceptions.RayActorError as exc:
+            self._lose(worker, f"actor died: {type(exc).__name__}")
+        except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
+            self._lose(worker, f"worker runtime failed: {exc!r}")
+        else:
+            return
+        worker.status = WorkerStatus.LOST
+        worker.actor = None
+        self._top_up_workers()
+
+    async def _shut_down(self) -> None:
+        reason = "run finished" if self._state is RunState.FINISHED else "run failed"
+        for w in self._workers.values():
+            self._release(w, Stop(reason))
+            if w.status in (WorkerStatus.PENDING, WorkerStatus.LOST) and w.actor is not None:
+                ray.kill(w.actor)
+        self._event("run_ended", state=self._state.value)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self._elastic.drain_timeout_s)
+        self._storage.write_text("events.json", json.dumps(self._events, default=str))
+
+    def _track(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _event(self, kind: str, **details: Any) -> None:
+        self._events.append({"t": round(time.monotonic() - self._started, 4), "kind": kind, **details})
+
+    def _with(self, status: WorkerStatus) -> list[WorkerRecord]:
+        return [w for w in self._workers.values() if w.status is status]
+
+    def _is_member(self, w: WorkerRecord) -> bool:
+        return w.generation == self._generation and w.rank >= 0
+
+    def _members(self) -> list[WorkerRecord]:
+        return [w for w in self._workers.values() if self._is_member(w)]
+
+    def _standby(self) -> list[WorkerRecord]:
+        return [w for w in self._with(WorkerStatus.PARKED) if not self._is_member(w)]
+
+    # == called by workers ==========================================================================
+    async def worker_started(self, worker_id: int, node_id: str, ip: str, pid: int) -> None:
+        w = self._workers[worker_id]
+        if w.status is WorkerStatus.PENDING:
+            w.status = WorkerStatus.STARTING
+        w.node_id, w.ip, w.pid, w.last_heartbeat = node_id, ip, pid, time.monotonic()
+        self._wake.set()
+
+    async def park(self, worker_id: int, outcome: Outcome, free_port: int) -> Assignment | Stop:
+        """A worker left its generation (or is new) and waits for its next place."""
+        w = self._workers[worker_id]
+        if self._state.terminal:
+            return Stop("run is over")
+        if w.status is WorkerStatus.LOST:
+            if w.actor is None:
+                return Stop("this worker was declared dead")
+            self._event("fenced_worker_rejoined", worker_id=worker_id, pid=w.pid, old_generation=outcome.generation)
+            w.rank = -1
+        w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
+        w.last_heartbeat = time.monotonic()
+        w.waiting = asyncio.get_running_loop().create_future()
+        waiting = w.waiting
+        self._wake.set()
+        return await waiting
+
+    async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
+        w = self._workers[worker_id]
+        fenced = w.status is WorkerStatus.LOST
+        if fenced:
+            self._event("fenced_heartbeat", worker_id=worker_id, pid=w.pid, generation=generation)
+        else:
+            w.last_heartbeat = time.monotonic()
+            w.facts = facts
+        active = self._generation if self._state in (RunState.RUNNING, RunState.RESIZING) else None
+        return HeartbeatReply(active_generation=active, fenced=fenced)
+
+    async def report(
+        self,
+        worker_id: int,
+        generation: int,
+        index: int,
+        metrics: dict[str, Any] | None,
+        names: list[str] | None,
+        loader_states: list[dict[str, Any]],
+    ) -> ReportReply:
+        w = self._workers[worker_id]
+        if generation != self._generation or w.status is not WorkerStatus.MEMBER or self._state is RunState.RESTARTING:
+            self._event("stale_report_rejected", worker_id=worker_id, pid=w.pid, generation=generation,
+                        index=index, current_generation=self._generation)
+            return ReportReply(accepted=False)
+        world_size = self._world_size
+        self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
+        self._max_index = max(self._max_index, index)
+        if metrics is not None:
+            self._metrics = dict(metrics)
+            self._history.append({**metrics, "_index": index, "_generation": generation, "_world_size": world_size,
+                                  "_time": time.time()})
+        return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at)
+
+    async def part_persisted(self, worker_id: int, generation: int, index: int) -> None:
+        w = self._workers[worker_id]
+        entry = self._ledger.mark_persisted(index, w.rank if w.generation == generation else -1)
+        if entry is None or not entry.ready_to_commit:
+            return
+        entry.committed = True
+        manifest = {
+            "index": index,
+            "generation": entry.generation,
+            "world_size": entry.world_size,
+            "metrics": entry.metrics or {},
+            "files": sorted(entry.names),
+            "loader_states": entry.loader_states,
+        }
+        self._track(self._commit(index, manifest))
+
+    async def _commit(self, index: int, manifest: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
+        self._committed.append(committed)
+        await loop.run_in_executor(None, self._apply_retention)
+
+    def _apply_retention(self) -> None:
+        cfg = self._checkpointing
+        if cfg.num_to_keep is None or len(self._committed) <= cfg.num_to_keep:
+            return
+        latest = self._committed[-1]
+        if cfg.checkpoint_score_attribute:
+            attr, sign = cfg.checkpoint_score_attribute, (1 if cfg.checkpoint_score_order == "max" else -1)
+            ranked = sorted(
+                self._committed,
+                key=lambda c: (attr in c.metrics, sign * c.metrics.get(attr, 0), c.index),
+                reverse=True,
+            )
+        else:
+            ranked = sorted(self._committed, key=lambda c: c.index, reverse=True)
+        keep = ranked[: cfg.num_to_keep]
+        for c in list(self._committed):
+            if c not in keep and c is not latest:
+                self._storage.delete(c.index)
+                self._committed.remove(c)
+
+    # == for the driver and tests ===================================================================
+    async def status(self) -> dict[str, Any]:
+        return {
+            "state": self._state.value,
+            "generation": self._generation,
+            "members": {w.worker_id: {"rank": w.rank, "pid": w.pid, "status": w.status.value, "node": w.node_id}
+                        for w in self._members()},
+            "events": list(self._events),
+        }

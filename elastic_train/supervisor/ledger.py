@@ -1,0 +1,96 @@
+"""The supervisor's record of reported checkpoints: what each rank reported, who holds it in
+memory, what is persisted, and which checkpoint a new generation resumes from.
+
+Merge rule (as Ray Train's): a checkpoint is the union of the files its ranks reported, by name;
+ranks reporting the same name report the same replicated content. So a checkpoint can be served
+from memory as long as every name it holds is still held by some live worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_train.protocol import ResumePlan
+
+
+@dataclass
+class ReportEntry:
+    generation: int
+    world_size: int
+    parts: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # rank -> (worker id, names)
+    reported_ranks: set[int] = field(default_factory=set)
+    metrics: dict[str, Any] | None = None
+    loader_states: list[dict[str, Any]] = field(default_factory=list)
+    persisted_ranks: set[int] = field(default_factory=set)
+    committed: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return len(self.reported_ranks) == self.world_size
+
+    @property
+    def names(self) -> set[str]:
+        return {n for _, names in self.parts.values() for n in names}
+
+    @property
+    def ready_to_commit(self) -> bool:
+        return self.complete and bool(self.parts) and set(self.parts) <= self.persisted_ranks and not self.committed
+
+
+class CheckpointLedger:
+    def __init__(self, keep: int):
+        self._keep = keep  # checkpoints each worker holds in memory
+        self.entries: dict[int, ReportEntry] = {}
+
+    def record(
+        self,
+        generation: int,
+        world_size: int,
+        index: int,
+        rank: int,
+        worker_id: int,
+        names: list[str] | None,
+        metrics: dict[str, Any] | None,
+        loader_states: list[dict[str, Any]],
+    ) -> ReportEntry:
+        entry = self.entries.setdefault(index, ReportEntry(generation, world_size))
+        entry.reported_ranks.add(rank)
+        if names is not None:
+            entry.parts[rank] = (worker_id, names)
+        if rank == 0:
+            entry.metrics = metrics
+            entry.loader_states = loader_states
+        return entry
+
+    def mark_persisted(self, index: int, rank: int) -> ReportEntry | None:
+        entry = self.entries.get(index)
+        if entry is not None:
+            entry.persisted_ranks.add(rank)
+        return entry
+
+    def resume_plan(self, live_workers: set[int]) -> ResumePlan | None:
+        """The newest checkpoint that live workers can serve whole from memory."""
+        with_parts = sorted((i for i, e in self.entries.items() if e.complete and e.parts), reverse=True)
+        for index in with_parts[: self._keep]:
+            entry = self.entries[index]
+            holders: dict[int, list[str]] = {}
+            for name in sorted(entry.names):
+                holder = next(
+                    (wid for rank, (wid, names) in sorted(entry.parts.items()) if name in names and wid in live_workers),
+                    None,
+                )
+                if holder is None:
+                    break
+                holders.setdefault(holder, []).append(name)
+            else:
+                return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states)
+        return None
+
+    def rewind(self, index: int) -> None:
+        """Forget reports after `index`: the new generation redoes those steps."""
+        for i in [i for i in self.entries if i > index]:
+            del self.entries[i]
+        for i in sorted(self.entries)[: -2 * self._keep - 1]:
+            if self.entries[i].committed or not self.entries[i].parts:
+                del self.entries[i]

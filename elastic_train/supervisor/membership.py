@@ -1,0 +1,68 @@
+"""Who the workers are, which generation each belongs to, and how ranks are assigned."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_train.protocol import Exit, Outcome
+
+
+class WorkerStatus(str, enum.Enum):
+    PENDING = "PENDING"  # the actor is requested; Ray has not placed it yet
+    STARTING = "STARTING"  # placed and constructed; not yet ready
+    PARKED = "PARKED"  # ready, waiting at the supervisor for a place in a generation
+    MEMBER = "MEMBER"  # running the loop in the current generation
+    LOST = "LOST"  # dead, or dropped and fenced out
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: int
+    actor: Any
+    status: WorkerStatus = WorkerStatus.PENDING
+    node_id: str = ""
+    ip: str = ""
+    pid: int = 0
+    last_heartbeat: float = 0.0
+    generation: int = -1
+    rank: int = -1
+    free_port: int = 0
+    outcome: Outcome | None = None
+    lost_reason: str = ""
+    facts: dict[str, float] = field(default_factory=dict)
+    waiting: asyncio.Future | None = None  # resolved with the worker's next Assignment or Stop
+
+    @property
+    def exited(self) -> Exit | None:
+        """How this worker left the current generation, if it did."""
+        return self.outcome.exit if self.status is WorkerStatus.PARKED and self.outcome else None
+
+
+@dataclass
+class Placement:
+    rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+
+
+def assign_ranks(survivors: list[WorkerRecord], newcomers: list[WorkerRecord]) -> dict[int, Placement]:
+    """Ranks for a new generation: survivors keep their order (rank 0 stays rank 0), newcomers follow."""
+    ordered = sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id)
+    nodes: list[str] = []
+    for w in ordered:
+        if w.node_id not in nodes:
+            nodes.append(w.node_id)
+    per_node = {n: [w for w in ordered if w.node_id == n] for n in nodes}
+    return {
+        w.worker_id: Placement(
+            rank=rank,
+            local_rank=per_node[w.node_id].index(w),
+            local_world_size=len(per_node[w.node_id]),
+            node_rank=nodes.index(w.node_id),
+        )
+        for rank, w in enumerate(ordered)
+    }

@@ -1,0 +1,40 @@
+"""The run's states and the transitions allowed between them.
+
+    SCHEDULING --(>= min workers ready)--------------------------------> RUNNING
+    RUNNING ----(capacity for more workers: unwind at the next report)-> RESIZING
+    RUNNING/RESIZING --(a member lost, a collective or user code failed)-> RESTARTING
+    RESIZING/RESTARTING --(every survivor parked)--> RUNNING (next generation), or SCHEDULING (< min)
+    any ---> FINISHED (the loop returned) | ERRORED (failures over budget, no capacity)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RunState(str, enum.Enum):
+    SCHEDULING = "SCHEDULING"
+    RUNNING = "RUNNING"
+    RESIZING = "RESIZING"
+    RESTARTING = "RESTARTING"
+    FINISHED = "FINISHED"
+    ERRORED = "ERRORED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.FINISHED, RunState.ERRORED)
+
+
+_ALLOWED = {
+    RunState.SCHEDULING: {RunState.RUNNING, RunState.ERRORED},
+    RunState.RUNNING: {RunState.RESIZING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
+    RunState.RESIZING: {RunState.RUNNING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
+    RunState.RESTARTING: {RunState.RUNNING, RunState.SCHEDULING, RunState.FINISHED, RunState.ERRORED},
+    RunState.FINISHED: set(),
+    RunState.ERRORED: set(),
+}
+
+
+def check_transition(current: RunState, target: RunState) -> None:
+    if target not in _ALLOWED[current]:
+        raise AssertionError(f"illegal run-state transition {current.value} -> {target.value}")

@@ -1,0 +1,154 @@
+"""`prepare_data_loader`: shards a DataLoader across the current generation's ranks, resumably.
+
+Each step consumes the next `global batch` of one epoch-wide order (seeded, the same on every
+rank), split contiguously across ranks. The position in that order is reported with every
+`report()`, so after a resize the epoch goes on from the same global sample: within an epoch no
+sample is skipped or seen twice, at any world size. With `global_batch_size`, the step's batch is
+split across however many workers there are, so the optimisation does not depend on world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from elastic_train.torch.model import get_device
+from elastic_train.worker.session import get_session
+
+
+class ElasticBatchSampler:
+    """Yields this rank's indices for each step of an epoch, from a global position on."""
+
+    def __init__(self, size: int, global_batch: int, rank: int, world_size: int, shuffle: bool, seed: int,
+                 drop_last: bool):
+        self.size, self.global_batch, self.rank, self.world_size = size, global_batch, rank, world_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch, self.start = 0, 0
+
+    def order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def chunks(self, start: int) -> Iterator[list[int]]:
+        """The global batches of the epoch from `start` on."""
+        order = self.order()
+        for begin in range(start, self.size, self.global_batch):
+            chunk = order[begin : begin + self.global_batch]
+            if self.drop_last and len(chunk) < self.global_batch:
+                return
+            yield chunk
+
+    def share(self, chunk: list[int]) -> list[int]:
+        """This rank's contiguous share of a global batch (the last one may be uneven)."""
+        base, extra = divmod(len(chunk), self.world_size)
+        begin = self.rank * base + min(self.rank, extra)
+        mine = chunk[begin : begin + base + (1 if self.rank < extra else 0)]
+        return mine or chunk[-1:]  # fewer samples than ranks: every rank still takes a step
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for chunk in self.chunks(self.start):
+            yield self.share(chunk)
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.size, self.global_batch)
+        return full + (1 if rest and not self.drop_last else 0)
+
+
+class ElasticDataLoader:
+    """Iterates like the user's DataLoader; one `iter()` is one epoch. Tracks its global position."""
+
+    def __init__(self, loader: DataLoader, sampler: ElasticBatchSampler, move_to_device: bool):
+        self._loader = loader
+        self.batch_sampler = sampler
+        self.dataset = loader.dataset
+        self._move = move_to_device
+        self._epoch, self._position = 0, 0
+        self._started = False
+
+    def resume_from(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self._epoch, self._position = state["epoch"], state["position"]
+
+    def loader_state(self) -> dict[str, Any]:
+        if self._position >= self.batch_sampler.size:
+            return {"epoch": self._epoch + 1, "position": 0}
+        return {"epoch": self._epoch, "position": self._position}
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._started:
+            self._epoch, self._position = self._epoch + 1, 0
+        self._started = True
+        self.batch_sampler.epoch, self.batch_sampler.start = self._epoch, self._position
+        sizes = [len(c) for c in self.batch_sampler.chunks(self._position)]
+        device = get_device()
+        for step, batch in enumerate(self._loader):
+            self._position += sizes[step]
+            yield _to_device(batch, device) if self._move else batch
+        self._position = self.batch_sampler.size
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def prepare_data_loader(
+    data_loader: DataLoader,
+    add_dist_sampler: bool = True,
+    move_to_device: bool = True,
+    auto_transfer: bool = True,
+    global_batch_size: int | None = None,
+    seed: int = 0,
+) -> ElasticDataLoader | DataLoader:
+    """Shard `data_loader` across the current ranks and move its batches to `get_device()`.
+
+    `global_batch_size` fixes the samples per step across all workers (split among them); by
+    default each worker keeps the loader's own batch size. Shuffling follows the loader's sampler.
+    """
+    del auto_transfer  # batches are moved synchronously; kept for Ray Train's signature
+    if not add_dist_sampler:
+        return data_loader
+    session = get_session("prepare_data_loader")
+    ctx = session.context
+    if data_loader.batch_size is None:
+        raise ValueError("prepare_data_loader needs a DataLoader built with batch_size (not a custom batch_sampler).")
+    world = ctx.get_world_size()
+    global_batch = global_batch_size or data_loader.batch_size * world
+    if global_batch < 1:
+        raise ValueError(f"prepare_data_loader(global_batch_size={global_batch_size!r}) must be at least 1.")
+    sampler = ElasticBatchSampler(
+        size=len(data_loader.dataset),
+        global_batch=global_batch,
+        rank=ctx.get_world_rank(),
+        world_size=world,
+        shuffle=isinstance(data_loader.sampler, RandomSampler),
+        seed=seed,
+        drop_last=data_loader.drop_last,
+    )
+    inner = DataLoader(
+        data_loader.dataset,
+        batch_sampler=sampler,
+        num_workers=data_loader.num_workers,
+        collate_fn=data_loader.collate_fn,
+        pin_memory=data_loader.pin_memory,
+        worker_init_fn=data_loader.worker_init_fn,
+        persistent_workers=data_loader.persistent_workers,
+    )
+    wrapped = ElasticDataLoader(inner, sampler, move_to_device)
+    wrapped.resume_from(session.register_loader(wrapped))
+    return wrapped
+
+
+__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader"]

@@ -1,0 +1,124 @@
+"""`TorchTrainer`: validates the user's input, starts the supervisor, and turns its summary into a
+`Result`. Everything that can be wrong with the input fails here, before any actor starts."""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import logging
+from typing import Any, Callable, Mapping
+
+import ray
+
+from elastic_train.checkpoint import Checkpoint
+from elastic_train.config import (
+    CheckpointConfig,
+    ElasticConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    checked_options,
+)
+from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.result import Result
+from elastic_train.storage import RunStorage, open_checkpoint
+from elastic_train.supervisor.actor import Supervisor
+from elastic_train.supervisor.state import RunState
+from elastic_train.worker.actor import WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _as_config(cls: type, value: Any, owner: str) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return checked_options(cls, value)
+    raise ConfigError(f"{owner} must be a {cls.__name__} or a dict of its options, got {type(value).__name__}.")
+
+
+def _check_loop(fn: Any, config: Any) -> None:
+    if not callable(fn):
+        raise ConfigError(
+            f"train_loop_per_worker must be a function, got {type(fn).__name__}: "
+            "pass the function itself, e.g. TorchTrainer(train_func, ...), not train_func()."
+        )
+    if config is not None and not isinstance(config, Mapping):
+        raise ConfigError(f"train_loop_config must be a dict, got {type(config).__name__}.")
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    except (TypeError, ValueError):
+        return
+    if len(params) > 1:
+        raise ConfigError("train_loop_per_worker must take no argument or one (the train_loop_config dict).")
+    if config is not None and not params and not any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values()):
+        raise ConfigError("train_loop_config was given, but train_loop_per_worker takes no argument to receive it.")
+
+
+class TorchTrainer:
+    """Runs `train_loop_per_worker` on elastic, fault-tolerant workers (Ray Train's API)."""
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
+        run_config: RunConfig | Mapping[str, Any] | None = None,
+    ):
+        _check_loop(train_loop_per_worker, train_loop_config)
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
+        self.scaling_config: ScalingConfig = _as_config(ScalingConfig, scaling_config, "scaling_config")
+        self.run_config: RunConfig = _as_config(RunConfig, run_config, "run_config")
+
+    @classmethod
+    def restore(cls, path: str, train_loop_per_worker: Callable[..., Any], **kwargs: Any) -> "TorchTrainer":
+        """A trainer that resumes the run stored at `path` from its newest committed checkpoint."""
+        parent, _, name = str(path).rstrip("/").rpartition("/")
+        run_config = kwargs.pop("run_config", None) or RunConfig()
+        run_config = RunConfig(**{**run_config.__dict__, "storage_path": parent, "name": name})
+        return cls(train_loop_per_worker, run_config=run_config, **kwargs)
+
+    def fit(self) -> Result:
+        run = self.run_config
+        name = run.name or f"TorchTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
+        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options)
+        spec = WorkerSpec(
+            train_fn=self.train_loop_per_worker,
+            train_config=self.train_loop_config,
+            backend="nccl" if self.scaling_config.use_gpu else "gloo",
+            elastic=run.elastic_config or ElasticConfig(),
+            storage=storage,
+        )
+        if not ray.is_initialized():
+            ray.init()
+        supervisor = ray.remote(Supervisor).options(num_cpus=0, max_concurrency=10_000).remote(
+            spec,
+            self.scaling_config,
+            run.failure_config or FailureConfig(),
+            run.checkpoint_config or CheckpointConfig(),
+        )
+        try:
+            summary = ray.get(supervisor.run.remote())
+        finally:
+            ray.kill(supervisor)
+        checkpoints = [(open_checkpoint(c.path, run.storage_options), c.metrics) for c in summary.checkpoints]
+        error = None
+        if summary.state is RunState.ERRORED:
+            error = TrainingFailedError(f"Training failed:\n{summary.error}")
+        return Result(
+            metrics=summary.metrics,
+            checkpoint=checkpoints[-1][0] if checkpoints else None,
+            path=storage.url(),
+            error=error,
+            metrics_history=summary.metrics_history,
+            best_checkpoints=checkpoints,
+            events=summary.events,
+        )
+
+
+__all__ = ["TorchTrainer", "Checkpoint"]

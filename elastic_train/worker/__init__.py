@@ -1,0 +1,1 @@
+"""Worker side: a Ray actor per worker that runs the user's loop, generation after generation."""

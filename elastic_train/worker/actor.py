@@ -1,0 +1,169 @@
+"""`TrainWorker`: the Ray actor that runs the user's loop, generation after generation.
+
+The process survives membership changes: between generations it parks at the supervisor, is
+handed its next place (rank, world size, rendezvous, where to resume from), rebuilds the process
+group and re-enters the loop. Only a `Stop` ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+import torch.distributed as dist
+
+from elastic_train.config import ElasticConfig
+from elastic_train.protocol import Assignment, Exit, Outcome, Stop
+from elastic_train.storage import RunStorage
+from elastic_train.worker.heartbeat import HeartbeatSender
+from elastic_train.worker.process_group import GenerationProcessGroup
+from elastic_train.worker.session import (
+    CheckpointMemory,
+    GenerationEnded,
+    TrainContext,
+    TrainSession,
+    set_session,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerSpec:
+    """What every worker of a run needs; built once by the trainer."""
+
+    train_fn: Callable[..., Any]
+    train_config: dict[str, Any] | None
+    backend: str
+    elastic: ElasticConfig
+    storage: RunStorage
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TrainWorker:
+    def __init__(self, worker_id: int, supervisor: Any, spec: WorkerSpec):
+        self.worker_id = worker_id
+        self._supervisor = supervisor
+        self._spec = spec
+        self._memory = CheckpointMemory(spec.elastic.checkpoints_in_memory)
+        self._group = GenerationProcessGroup(
+            spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s
+        )
+        self._generation: int | None = None
+        self._superseded = threading.Event()
+        self._persister = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-persist")
+        ctx = ray.get_runtime_context()
+        supervisor.worker_started.remote(worker_id, ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+
+    # -- called by peers and the supervisor ---------------------------------------------------
+    def ping(self) -> int:
+        return os.getpid()
+
+    def abort_generation(self, generation: int) -> None:
+        """The supervisor ends `generation`: fail its collectives so the loop unwinds."""
+        self._on_superseded(generation)
+
+    def read_checkpoint(self, index: int, names: list[str]) -> dict[str, bytes]:
+        return self._memory.get(index, names)
+
+    # -- the member loop ------------------------------------------------------------------------
+    def run(self) -> str:
+        heartbeat = HeartbeatSender(
+            self._supervisor, self.worker_id, self._spec.elastic.heartbeat_interval_s,
+            lambda: self._generation, self._on_superseded,
+        )
+        heartbeat.start()
+        outcome = Outcome(Exit.JOINED)
+        try:
+            while True:
+                place = ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
+                if isinstance(place, Stop):
+                    logger.info("worker %d stops: %s", self.worker_id, place.reason)
+                    return place.reason
+                outcome = self._run_generation(place)
+        finally:
+            heartbeat.stop()
+            self._persister.shutdown(wait=True)
+
+    def _run_generation(self, assignment: Assignment) -> Outcome:
+        generation = assignment.generation
+        self._superseded.clear()
+        self._generation = generation
+        try:
+            self._group.join(assignment)
+        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous
+            self._generation = None
+            self._group.leave()
+            return Outcome(Exit.COLLECTIVE_ERROR, generation, traceback.format_exc())
+        session = TrainSession(
+            self.worker_id,
+            self._supervisor,
+            TrainContext(assignment, self._spec.storage.name, self._spec.storage.url()),
+            self._memory,
+            self._persist,
+            self._superseded.is_set,
+            self._spec.storage.storage_options,
+        )
+        set_session(session)
+        logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
+                    assignment.rank, assignment.world_size)
+        try:
+            if self._spec.train_config is None:
+                self._spec.train_fn()
+            else:
+                self._spec.train_fn(self._spec.train_config)
+            outcome = Outcome(Exit.FINISHED, generation)
+        except GenerationEnded:
+            outcome = Outcome(Exit.UNWOUND, generation)
+        except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor
+            detail = traceback.format_exc()
+            if self._superseded.is_set() or self._group.aborted:
+                outcome = Outcome(Exit.UNWOUND, generation, detail)
+            elif _is_collective_error(exc):
+                outcome = Outcome(Exit.COLLECTIVE_ERROR, generation, detail)
+            else:
+                outcome = Outcome(Exit.USER_ERROR, generation, detail)
+        finally:
+            set_session(None)
+            self._generation = None
+            self._group.leave()
+        logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
+        return outcome
+
+    def _on_superseded(self, generation: int) -> None:
+        if self._generation == generation:
+            self._superseded.set()
+            self._group.abort()
+
+    def _persist(self, generation: int, index: int, files: dict[str, bytes]) -> None:
+        self._persister.submit(self._write_part, generation, index, files)
+
+    def _write_part(self, generation: int, index: int, files: dict[str, bytes]) -> None:
+        try:
+            self._spec.storage.write_files(index, files, writer=f"w{self.worker_id}")
+        except Exception:  # noqa: BLE001 - storage trouble must not kill training
+            logger.exception("could not persist checkpoint %d", index)
+            return
+        self._supervisor.part_persisted.remote(self.worker_id, generation, index)
+
+
+_COLLECTIVE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "nccl")
+
+
+def _is_collective_error(exc: BaseException) -> bool:
+    """Did the loop fail inside torch.distributed (a lost peer) rather than in the user's own code?"""
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _COLLECTIVE_MESSAGES)

@@ -1,0 +1,64 @@
+"""A thread that tells the supervisor this worker is alive, and learns when its generation ends.
+
+The reply is how a survivor stuck in a collective learns that a peer is gone: it then aborts the
+process group so the stuck operation fails and the loop can be re-entered in the next generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import psutil
+import ray
+
+from elastic_train.protocol import HeartbeatReply
+
+logger = logging.getLogger(__name__)
+
+
+class HeartbeatSender:
+    def __init__(
+        self,
+        supervisor: Any,
+        worker_id: int,
+        interval_s: float,
+        current_generation: Callable[[], int | None],
+        on_superseded: Callable[[int], None],
+    ):
+        self._supervisor = supervisor
+        self._worker_id = worker_id
+        self._interval_s = interval_s
+        self._current_generation = current_generation
+        self._on_superseded = on_superseded
+        self._stop = threading.Event()
+        self._process = psutil.Process(os.getpid())
+        self._process.cpu_percent()  # prime the counter
+        self._thread = threading.Thread(target=self._loop, name="elastic-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _facts(self) -> dict[str, float]:
+        return {"rss_bytes": float(self._process.memory_info().rss), "cpu_percent": self._process.cpu_percent()}
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            generation = self._current_generation()
+            try:
+                reply: HeartbeatReply = ray.get(
+                    self._supervisor.heartbeat.remote(self._worker_id, generation, self._facts()),
+                    timeout=self._interval_s * 4,
+                )
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.RayActorError:
+                logger.warning("the supervisor is gone; this worker stops heartbeating")
+                return
+            if generation is not None and (reply.fenced or reply.active_generation != generation):
+                self._on_superseded(generation)

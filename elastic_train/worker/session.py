@@ -1,0 +1,194 @@
+"""What the user's loop talks to inside a worker: report, get_checkpoint, get_context.
+
+One `TrainSession` lives per generation. `report()` keeps an in-memory snapshot of the checkpoint
+(the state survivors resume from), tells the supervisor, hands the snapshot to the persister, and
+unwinds the loop with `GenerationEnded` when the group is about to be re-formed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import ray
+
+from elastic_train.checkpoint import Checkpoint, checkpoint_from_files
+from elastic_train.protocol import Assignment, ReportReply
+from elastic_train.storage import open_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationEnded(BaseException):
+    """Unwinds the user's loop when its generation ends.
+
+    A BaseException, so that the user's `except Exception:` does not swallow it.
+    """
+
+
+class StatefulLoader(Protocol):
+    def loader_state(self) -> dict[str, Any]: ...
+
+
+class CheckpointMemory:
+    """The newest reported checkpoint snapshots of this worker, by report index. Thread-safe."""
+
+    def __init__(self, keep: int):
+        self._keep = keep
+        self._parts: OrderedDict[int, dict[str, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, index: int, files: dict[str, bytes]) -> None:
+        with self._lock:
+            self._parts[index] = files
+            while len(self._parts) > self._keep:
+                self._parts.popitem(last=False)
+
+    def get(self, index: int, names: list[str]) -> dict[str, bytes]:
+        with self._lock:
+            part = self._parts.get(index)
+            if part is None or any(n not in part for n in names):
+                raise KeyError(f"checkpoint {index} is no longer held by this worker")
+            return {n: part[n] for n in names}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._parts.clear()
+
+
+@dataclass
+class TrainContext:
+    """Where this worker stands (Ray Train's `get_context()`)."""
+
+    assignment: Assignment
+    experiment_name: str
+    run_dir: str
+
+    def get_world_rank(self) -> int:
+        return self.assignment.rank
+
+    def get_world_size(self) -> int:
+        return self.assignment.world_size
+
+    def get_local_rank(self) -> int:
+        return self.assignment.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.assignment.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.assignment.node_rank
+
+    def get_generation(self) -> int:
+        """The membership generation: it grows by one at every change of the worker set."""
+        return self.assignment.generation
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_trial_dir(self) -> str:
+        return self.run_dir
+
+
+class TrainSession:
+    def __init__(
+        self,
+        worker_id: int,
+        supervisor: Any,
+        context: TrainContext,
+        memory: CheckpointMemory,
+        persist: Callable[[int, int, dict[str, bytes]], None],
+        is_superseded: Callable[[], bool],
+        storage_options: dict[str, Any],
+    ):
+        self.worker_id = worker_id
+        self.context = context
+        self._supervisor = supervisor
+        self._memory = memory
+        self._persist = persist
+        self._is_superseded = is_superseded
+        self._storage_options = storage_options
+        resume = context.assignment.resume
+        self.index = resume.index if resume else 0
+        self._resume_states = list(resume.loader_states) if resume else []
+        self._loaders: list[StatefulLoader] = []
+        self._restored: Checkpoint | None = None
+        self._restored_loaded = False
+
+    # -- the user's API -------------------------------------------------------------------------
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        if self._is_superseded():
+            raise GenerationEnded()
+        self.index += 1
+        files = checkpoint.files() if checkpoint is not None else None
+        if files is not None:
+            self._memory.put(self.index, files)
+        assignment = self.context.assignment
+        reply: ReportReply = ray.get(
+            self._supervisor.report.remote(
+                self.worker_id,
+                assignment.generation,
+                self.index,
+                dict(metrics) if assignment.rank == 0 else None,
+                sorted(files) if files is not None else None,
+                [loader.loader_state() for loader in self._loaders],
+            )
+        )
+        if not reply.accepted:
+            logger.warning("report %d rejected: this worker was fenced out of generation %d",
+                           self.index, assignment.generation)
+            raise GenerationEnded()
+        if files is not None:
+            self._persist(assignment.generation, self.index, files)
+        if reply.unwind:
+            raise GenerationEnded()
+
+    def get_checkpoint(self) -> Checkpoint | None:
+        if not self._restored_loaded:
+            self._restored = self._load_resume_checkpoint()
+            self._restored_loaded = True
+        return self._restored
+
+    # -- for prepare_data_loader ----------------------------------------------------------------
+    def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
+        """Track a prepared loader; returns the position it resumes from, if any."""
+        position = len(self._loaders)
+        self._loaders.append(loader)
+        return self._resume_states[position] if position < len(self._resume_states) else None
+
+    # -- internals ------------------------------------------------------------------------------
+    def _load_resume_checkpoint(self) -> Checkpoint | None:
+        plan = self.context.assignment.resume
+        if plan is None:
+            return None
+        if plan.storage_path is not None:
+            return open_checkpoint(plan.storage_path, self._storage_options)
+        files: dict[str, bytes] = {}
+        remote = []
+        for holder, names in plan.holders.items():
+            if holder == self.worker_id:
+                files.update(self._memory.get(plan.index, names))
+            else:
+                remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(plan.index, names))
+        for part in ray.get(remote):
+            files.update(part)
+        return checkpoint_from_files(files)
+
+
+_current: TrainSession | None = None
+
+
+def set_session(session: TrainSession | None) -> None:
+    global _current
+    _current = session
+
+
+def get_session(caller: str) -> TrainSession:
+    if _current is None:
+        raise RuntimeError(
+            f"elastic_train.{caller}() works only inside train_loop_per_worker, run by TorchTrainer.fit()."
+        )
+    return _current
