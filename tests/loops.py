@@ -1,0 +1,77 @@
+"""Training loops the tests run on workers: tiny, deterministic, and instrumented.
+
+Each rank appends one JSON line per completed step to `<log_dir>/progress.jsonl`, so a test can see
+what every process did: pid, rank, world size, generation, step, and time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+import elastic_train as et
+from elastic_train.torch import prepare_model
+
+
+def log_progress(log_dir: str, **record) -> None:
+    with open(os.path.join(log_dir, "progress.jsonl"), "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "time": time.time(), **record}) + "\n")
+
+
+def read_progress(log_dir: str | Path) -> list[dict]:
+    path = Path(log_dir) / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def fault_once(config: dict, step: int, rank: int) -> None:
+    """Inject the configured fault into this process once: {"fault": "kill"|"stop", "at_step", "rank"}."""
+    fault = config.get("fault")
+    if not fault or step != fault["at_step"] or rank != fault["rank"]:
+        return
+    marker = Path(config["log_dir"]) / "fault.json"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, json.dumps({"pid": os.getpid(), "time": time.time(), "step": step}).encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
+
+
+def linear_regression_loop(config: dict) -> None:
+    """A model fit step by step, a checkpoint reported every step, faults on request."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint is not None:
+        state = checkpoint.to_dict()
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"]
+    ddp = prepare_model(model)
+    ctx = et.get_context()
+    true_w = torch.arange(8, dtype=torch.float32).unsqueeze(1)
+    for step in range(start + 1, config["steps"] + 1):
+        fault_once(config, step, ctx.get_world_rank())
+        g = torch.Generator().manual_seed(step * 1000 + ctx.get_world_rank())
+        x = torch.randn(16, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), x @ true_w)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config.get("step_time", 0.0))
+        log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
+                     generation=ctx.get_generation(), step=step)
+        et.report(
+            {"loss": loss.item(), "step": step},
+            checkpoint=et.Checkpoint.from_dict(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            ),
+        )

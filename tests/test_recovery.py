@@ -1,0 +1,50 @@
+"""In-place recovery: survivors keep their process, the group is rebuilt at the new size."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import elastic_train as et
+from tests.loops import linear_regression_loop, read_progress
+
+
+def _fit(run_dirs, steps, num_workers, fault=None, step_time=0.1, **run_kw):
+    config = {"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": step_time, "fault": fault}
+    return et.TorchTrainer(
+        linear_regression_loop,
+        train_loop_config=config,
+        scaling_config=et.ScalingConfig(num_workers=num_workers),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run", **run_kw),
+    ).fit()
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_of_rank_1_recovers_in_place_and_grows_back(local_ray, run_dirs):
+    steps = 60
+    result = _fit(run_dirs, steps, (1, 2), fault={"kind": "kill", "rank": 1, "at_step": 10})
+    assert result.error is None, result.error
+    assert result.metrics["step"] == steps
+
+    progress = read_progress(run_dirs["log_dir"])
+    fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
+    rank0 = [p for p in progress if p["rank"] == 0]
+    # Every step was completed, rank 0 kept its process throughout.
+    assert {p["step"] for p in rank0} == set(range(1, steps + 1))
+    assert {p["pid"] for p in rank0} == {rank0[0]["pid"]}
+    assert fault["pid"] != rank0[0]["pid"]
+    # The next step completed within 2 s of the kill.
+    after = [p["time"] for p in progress if p["time"] > fault["time"]]
+    assert min(after) - fault["time"] < 2.0, min(after) - fault["time"]
+    # At most one step redone with a checkpoint every step.
+    redone = sum(n - 1 for n in Counter(p["step"] for p in rank0).values())
+    assert redone <= 1
+    # The world shrank to 1, then returned to 2 once the freed CPU took a new worker.
+    assert result.world_sizes[0] == 2 and 1 in result.world_sizes and result.world_sizes[-1] == 2
+    assert any(p["world"] == 2 and p["step"] > fault["step"] for p in progress)
+    # Losing a worker did not count as a failure of the user's code.
+    assert not [e for e in result.events if e["kind"] == "failure"]
+    print("kill -> next step: %.3f s" % (min(after) - fault["time"]), "world sizes:", result.world_sizes)
