@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 import elastic_train as et
@@ -28,10 +29,10 @@ def read_progress(log_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def fault_once(config: dict, step: int, rank: int) -> None:
-    """Inject the configured fault into this process once: {"fault": "kill"|"stop", "at_step", "rank"}."""
+def fault_once(config: dict, step: int, rank: int, point: str = "step_start") -> None:
+    """Inject the configured fault once: {"kind": "kill"|"stop"|"raise", "at_step", "rank", "point"}."""
     fault = config.get("fault")
-    if not fault or step != fault["at_step"] or rank != fault["rank"]:
+    if not fault or step != fault["at_step"] or rank != fault["rank"] or fault.get("point", "step_start") != point:
         return
     marker = Path(config["log_dir"]) / "fault.json"
     try:
@@ -40,6 +41,8 @@ def fault_once(config: dict, step: int, rank: int) -> None:
         return
     os.write(fd, json.dumps({"pid": os.getpid(), "time": time.time(), "step": step}).encode())
     os.close(fd)
+    if fault["kind"] == "raise":
+        raise ValueError(f"injected user error at step {step}")
     os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
 
 
@@ -68,7 +71,8 @@ def linear_regression_loop(config: dict) -> None:
         optimizer.step()
         time.sleep(config.get("step_time", 0.0))
         log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
-                     generation=ctx.get_generation(), step=step)
+                     generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id())
+        fault_once(config, step, ctx.get_world_rank(), point="before_report")
         et.report(
             {"loss": loss.item(), "step": step},
             checkpoint=et.Checkpoint.from_dict(

@@ -75,6 +75,7 @@ class Supervisor:
         self._resize_at: int | None = None
         self._max_index = 0
         self._failures = 0
+        self._counted: set[tuple[int, int]] = set()
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._committed: list[CommittedCheckpoint] = self._storage.committed()
@@ -135,8 +136,7 @@ class Supervisor:
         if Exit.FINISHED in exits and all(m.exited is Exit.FINISHED or m.status is WorkerStatus.LOST for m in members):
             self._transition(RunState.FINISHED)
         elif Exit.USER_ERROR in exits:
-            failed = next(m for m in members if m.exited is Exit.USER_ERROR)
-            self._count_failure(failed.outcome.detail if failed.outcome else "")
+            self._count_user_errors()
             if not self._state.terminal:
                 self._restart("user code raised")
         elif lost or Exit.COLLECTIVE_ERROR in exits or (
@@ -162,11 +162,9 @@ class Supervisor:
             running = []
         if running:
             return
-        if any(m.exited is Exit.USER_ERROR for m in self._members()):
-            failed = next(m for m in self._members() if m.exited is Exit.USER_ERROR)
-            self._count_failure(failed.outcome.detail if failed.outcome else "")
-            if self._state.terminal:
-                return
+        self._count_user_errors()
+        if self._state.terminal:
+            return
         parked = self._with(WorkerStatus.PARKED)
         if len(parked) >= self._scaling.min_workers:
             self._open_generation(parked)
@@ -188,6 +186,14 @@ class Supervisor:
             if m.status is WorkerStatus.MEMBER:
                 m.actor.abort_generation.remote(self._generation)
                 self._track(self._probe(m))
+
+    def _count_user_errors(self) -> None:
+        """Count each member's user-code failure in this generation once."""
+        for m in self._members():
+            key = (m.worker_id, self._generation)
+            if m.exited is Exit.USER_ERROR and key not in self._counted and not self._state.terminal:
+                self._counted.add(key)
+                self._count_failure(m.outcome.detail)
 
     def _count_failure(self, detail: str) -> None:
         self._failures += 1

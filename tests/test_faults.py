@@ -1,0 +1,101 @@
+"""Frozen workers are dropped and fenced; user errors count against max_failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import elastic_train as et
+from tests.loops import linear_regression_loop, read_progress
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll `predicate` until it returns something truthy; the test's own observation of the run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _trainer(run_dirs, steps, num_workers, fault, step_time=0.1, max_failures=0, elastic=None):
+    config = {"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": step_time, "fault": fault}
+    return et.TorchTrainer(
+        linear_regression_loop,
+        train_loop_config=config,
+        scaling_config=et.ScalingConfig(num_workers=num_workers),
+        run_config=et.RunConfig(
+            storage_path=run_dirs["storage"],
+            name="run",
+            failure_config=et.FailureConfig(max_failures=max_failures),
+            elastic_config=elastic,
+        ),
+    )
+
+
+@pytest.mark.timeout(180)
+def test_sigstopped_worker_is_dropped_and_fenced(local_ray, run_dirs):
+    elastic = et.ElasticConfig(heartbeat_timeout_s=3.0)
+    trainer = _trainer(run_dirs, 80, (1, 2), {"kind": "stop", "rank": 1, "at_step": 10, "point": "before_report"},
+                       elastic=elastic)
+    results = {}
+    thread = threading.Thread(target=lambda: results.setdefault("r", trainer.fit()))
+    thread.start()
+    fault_file = Path(run_dirs["log_dir"]) / "fault.json"
+    fault = wait_for(lambda: fault_file.exists() and json.loads(fault_file.read_text() or "null"), 60, "the freeze")
+
+    def resumed_alone():
+        return [p for p in read_progress(run_dirs["log_dir"]) if p["time"] > fault["time"] and p["world"] == 1]
+
+    first_alone = wait_for(resumed_alone, 30, "the survivor to go on alone")[0]
+    os.kill(fault["pid"], signal.SIGCONT)
+    thread.join(150)
+    result = results["r"]
+    assert result.error is None, result.error
+    assert result.metrics["step"] == 80
+
+    # Dropped within the heartbeat timeout (plus one control tick and the restart itself).
+    lost = [e for e in result.events if e["kind"] == "worker_lost" and e["pid"] == fault["pid"]]
+    assert lost and "heartbeat" in lost[0]["reason"]
+    assert first_alone["time"] - fault["time"] < elastic.heartbeat_timeout_s + 1.5
+    # After SIGCONT it was fenced: its stale writes were refused, none landed in the new generation.
+    fenced = [e for e in result.events if e["kind"] in ("fenced_heartbeat", "stale_report_rejected")
+              and e["pid"] == fault["pid"]]
+    assert fenced, "the woken worker was never fenced"
+    new_generation = first_alone["generation"]
+    assert not [p for p in read_progress(run_dirs["log_dir"])
+                if p["pid"] == fault["pid"] and p["generation"] == new_generation]
+    rejected = [e for e in result.events if e["kind"] == "stale_report_rejected"]
+    assert all(e["generation"] < e["current_generation"] for e in rejected)
+    # The woken process is healthy, so it rejoins as a new member in a later generation.
+    assert result.world_sizes[-1] == 2
+
+
+@pytest.mark.timeout(120)
+def test_user_error_within_max_failures_is_retried(local_ray, run_dirs):
+    result = _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0,
+                      max_failures=1).fit()
+    assert result.error is None, result.error
+    assert result.metrics["step"] == 20
+    failures = [e for e in result.events if e["kind"] == "failure"]
+    assert len(failures) == 1 and "injected user error at step 5" in failures[0]["detail"]
+
+
+@pytest.mark.timeout(120)
+def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dirs):
+    result = _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0).fit()
+    assert isinstance(result.error, et.TrainingFailedError)
+    text = str(result.error)
+    assert "ValueError: injected user error at step 5" in text
+    assert "Traceback" in text and "fault_once" in text and "linear_regression_loop" in text
+    # Metrics reported before the failure are kept, and so is the last committed checkpoint.
+    assert result.metrics["step"] == 4
+    assert result.checkpoint is not None and result.checkpoint.to_dict()["step"] == 4
