@@ -1,0 +1,67 @@
+"""Nodes lost and added on a simulated multi-node cluster (ray.cluster_utils.Cluster)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import elastic_train as et
+from tests.conftest import ray_runtime_env
+from tests.loops import linear_regression_loop, read_progress
+from tests.test_faults import wait_for
+
+
+@pytest.fixture
+def three_node_cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_node_removed_then_added(three_node_cluster, run_dirs):
+    cluster, nodes = three_node_cluster
+    steps = 150
+    trainer = et.TorchTrainer(
+        linear_regression_loop,
+        train_loop_config={"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": 0.1},
+        scaling_config=et.ScalingConfig(num_workers=(2, 3)),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
+    )
+    results = {}
+    thread = threading.Thread(target=lambda: results.setdefault("r", trainer.fit()))
+    thread.start()
+
+    def at_world(size, after=0.0):
+        return [p for p in read_progress(run_dirs["log_dir"]) if p["world"] == size and p["time"] > after]
+
+    first = wait_for(lambda: at_world(3), 90, "3 workers training")
+    rank2 = [p for p in first if p["rank"] == 2][0]
+    survivors_pids = {p["pid"] for p in first if p["rank"] in (0, 1)}
+    victim = next(n for n in nodes if n.node_id == rank2["node"])
+    removed_at = time.time()
+    cluster.remove_node(victim)
+    shrunk = wait_for(lambda: at_world(2, removed_at), 30, "the run to shrink to 2")
+    assert shrunk[0]["time"] - removed_at < 5.0, shrunk[0]["time"] - removed_at
+
+    added_at = time.time()
+    cluster.add_node(num_cpus=1)
+    wait_for(lambda: at_world(3, added_at), 90, "the run to grow back to 3")
+    thread.join(180)
+    result = results["r"]
+    assert result.error is None, result.error
+    assert result.metrics["step"] == steps
+    progress = read_progress(run_dirs["log_dir"])
+    assert {p["step"] for p in progress if p["rank"] == 0} == set(range(1, steps + 1))
+    # Both survivors kept their processes through the shrink and the growth.
+    assert survivors_pids <= {p["pid"] for p in progress if p["world"] == 3 and p["time"] > added_at}
+    assert result.world_sizes[:1] == [3] and 2 in result.world_sizes and result.world_sizes[-1] == 3
+    print("remove_node -> step at world 2: %.3f s" % (shrunk[0]["time"] - removed_at))
