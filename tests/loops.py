@@ -79,3 +79,43 @@ def linear_regression_loop(config: dict) -> None:
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             ),
         )
+
+
+def sample_counting_loop(config: dict) -> None:
+    """Counts, in replicated model state, how often each sample contributed to a step.
+
+    Each step, every rank adds ones at its batch's sample ids and the counts are all-reduced; the
+    count vector is checkpointed every step. After a clean run of E epochs every count is E: any
+    sample skipped or repeated within an epoch (across kills and resizes) shows up as a wrong count.
+    """
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from elastic_train.torch import prepare_data_loader
+
+    n, epochs = config["samples"], config["epochs"]
+    counts, start_epoch = torch.zeros(n), 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint is not None:
+        state = checkpoint.to_dict()
+        counts, start_epoch = state["counts"], state["epoch"]
+    loader = prepare_data_loader(
+        DataLoader(torch.arange(n), batch_size=4, shuffle=True), global_batch_size=config["global_batch_size"]
+    )
+    ctx = et.get_context()
+    step = et.get_checkpoint() and et.get_checkpoint().to_dict()["step"] or 0
+    for epoch in range(start_epoch, epochs):
+        for batch in loader:
+            step += 1
+            fault_once(config, step, ctx.get_world_rank())
+            delta = torch.zeros(n)
+            delta[batch] += 1
+            dist.all_reduce(delta)
+            counts += delta
+            log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
+                         generation=ctx.get_generation(), step=step, epoch=epoch, batch=batch.tolist())
+            time.sleep(config.get("step_time", 0.0))
+            et.report({"step": step, "epoch": epoch},
+                      checkpoint=et.Checkpoint.from_dict({"counts": counts, "epoch": epoch, "step": step}))
+        if ctx.get_world_rank() == 0:
+            log_progress(config["log_dir"], rank=0, epoch_done=epoch, counts=counts.tolist())
