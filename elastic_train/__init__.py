@@ -9,6 +9,7 @@ from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig,
 from elastic_train.errors import CheckpointError, ConfigError, TrainingFailedError
 from elastic_train.result import Result
 from elastic_train.trainer import TorchTrainer
+from elastic_train import torch  # noqa: E402,F401 - `elastic_train.torch.prepare_model`, as `ray.train.torch`
 
 __all__ = [
     "TorchTrainer",

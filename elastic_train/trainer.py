@@ -39,7 +39,8 @@ def _as_config(cls: type, value: Any, owner: str) -> Any:
     raise ConfigError(f"{owner} must be a {cls.__name__} or a dict of its options, got {type(value).__name__}.")
 
 
-def _check_loop(fn: Any, config: Any) -> None:
+def _check_loop(fn: Any, config: Any) -> bool:
+    """Validate the loop and its config; returns whether the loop takes the config argument."""
     if not callable(fn):
         raise ConfigError(
             f"train_loop_per_worker must be a function, got {type(fn).__name__}: "
@@ -48,14 +49,24 @@ def _check_loop(fn: Any, config: Any) -> None:
     if config is not None and not isinstance(config, Mapping):
         raise ConfigError(f"train_loop_config must be a dict, got {type(config).__name__}.")
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return
-    if len(params) > 1:
-        raise ConfigError("train_loop_per_worker must take no argument or one (the train_loop_config dict).")
-    if config is not None and not params and not any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values()):
-        raise ConfigError("train_loop_config was given, but train_loop_per_worker takes no argument to receive it.")
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    if len(required) > 1:
+        raise ConfigError(
+            "train_loop_per_worker must take no argument or one (the train_loop_config dict); "
+            f"{getattr(fn, '__name__', fn)} requires {len(required)}."
+        )
+    takes_config = bool(positional) or varargs
+    if config is not None and not takes_config:
+        raise ConfigError(
+            "train_loop_config was given, but train_loop_per_worker takes no argument to receive it: "
+            "add a `config` parameter."
+        )
+    return takes_config
 
 
 class TorchTrainer:
@@ -69,7 +80,7 @@ class TorchTrainer:
         scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
         run_config: RunConfig | Mapping[str, Any] | None = None,
     ):
-        _check_loop(train_loop_per_worker, train_loop_config)
+        self._loop_takes_config = _check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
         self.scaling_config: ScalingConfig = _as_config(ScalingConfig, scaling_config, "scaling_config")
@@ -89,7 +100,7 @@ class TorchTrainer:
         storage = RunStorage(run.resolved_storage_path(), name, run.storage_options)
         spec = WorkerSpec(
             train_fn=self.train_loop_per_worker,
-            train_config=self.train_loop_config,
+            train_config=(self.train_loop_config or {}) if self._loop_takes_config else None,
             backend="nccl" if self.scaling_config.use_gpu else "gloo",
             elastic=run.elastic_config or ElasticConfig(),
             storage=storage,
