@@ -107,6 +107,11 @@ class TorchTrainer:
         )
         if not ray.is_initialized():
             ray.init()
+        if self.scaling_config.use_gpu and not ray.cluster_resources().get("GPU"):
+            raise ConfigError(
+                "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
+                "CPUs (gloo), or start Ray on machines with GPUs."
+            )
         supervisor = ray.remote(Supervisor).options(num_cpus=0, max_concurrency=10_000).remote(
             spec,
             self.scaling_config,

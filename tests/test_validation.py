@@ -1,0 +1,51 @@
+"""Bad input fails in the driver, before any actor starts, naming the problem and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+import elastic_train as et
+
+
+def loop(config):
+    pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: et.ScalingConfig(num_workers=(3, 2)), r"min 3 is greater than max 2; write num_workers=\(2, 3\)"),
+        (lambda: et.ScalingConfig(num_workers=0), "need at least 1 worker"),
+        (lambda: et.ScalingConfig(num_workers=(0, 2)), "min must be at least 1"),
+        (lambda: et.ScalingConfig(num_workers=(1, 2, 3)), r"a \(min, max\) pair"),
+        (lambda: et.ScalingConfig(placement_strategy="RANDOM"), "use one of PACK"),
+        (lambda: et.TorchTrainer(42), "train_loop_per_worker must be a function"),
+        (lambda: et.TorchTrainer(loop(None)), "not train_func()"),
+        (lambda: et.TorchTrainer(loop, scaling_config={"num_workers": 2, "num_worker": 3}),
+         "ScalingConfig has no option 'num_worker'; known options: num_workers"),
+        (lambda: et.TorchTrainer(loop, run_config={"storage": "/tmp"}), "RunConfig has no option 'storage'"),
+        (lambda: et.TorchTrainer(loop, train_loop_config=[1]), "train_loop_config must be a dict"),
+        (lambda: et.TorchTrainer(lambda: None, train_loop_config={"a": 1}), "add a `config` parameter"),
+        (lambda: et.FailureConfig(max_failures=-2), "-1 for no limit"),
+        (lambda: et.CheckpointConfig(checkpoint_score_order="lowest"), "use 'max' or 'min'"),
+        (lambda: et.ElasticConfig(heartbeat_timeout_s=0.5), "must exceed twice"),
+        (lambda: et.ElasticConfig(probe_timeout_s=0), "must be a positive number of seconds"),
+        (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
+    ],
+)
+def test_bad_input_is_rejected_before_any_actor_starts(make, message):
+    with pytest.raises(et.ConfigError, match=message):
+        make()
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_use_gpu_without_gpus_fails_fast(local_ray, run_dirs):
+    trainer = et.TorchTrainer(loop, scaling_config=et.ScalingConfig(num_workers=1, use_gpu=True),
+                              run_config=et.RunConfig(storage_path=run_dirs["storage"]))
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(et.ConfigError, match="set use_gpu=False"):
+        trainer.fit()
