@@ -69,6 +69,11 @@ def _check_loop(fn: Any, config: Any) -> bool:
     return takes_config
 
 
+def supervisor_name(run_name: str) -> str:
+    """The Ray actor name of a run's supervisor: `ray.get_actor(supervisor_name(name))` attaches to it."""
+    return f"elastic_train:{run_name}"
+
+
 class TorchTrainer:
     """Runs `train_loop_per_worker` on elastic, fault-tolerant workers (Ray Train's API)."""
 
@@ -112,7 +117,9 @@ class TorchTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
-        supervisor = ray.remote(Supervisor).options(num_cpus=0, max_concurrency=10_000).remote(
+        supervisor = ray.remote(Supervisor).options(
+            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000
+        ).remote(
             spec,
             self.scaling_config,
             run.failure_config or FailureConfig(),

@@ -454,11 +454,18 @@ class Supervisor:
                 self._committed.remove(c)
 
     # == for the driver and tests ===================================================================
-    async def status(self) -> dict[str, Any]:
+    async def status(self, events_since: int = 0) -> dict[str, Any]:
+        """A snapshot for monitors and fault injectors attached from outside the driver."""
         return {
             "state": self._state.value,
             "generation": self._generation,
-            "members": {w.worker_id: {"rank": w.rank, "pid": w.pid, "status": w.status.value, "node": w.node_id}
-                        for w in self._members()},
-            "events": list(self._events),
+            "world_size": self._world_size,
+            "index": self._max_index,
+            "metrics": dict(self._metrics),
+            "members": {
+                w.worker_id: {"rank": w.rank, "pid": w.pid, "status": w.status.value, "node": w.node_id,
+                              "ip": w.ip, **w.facts}
+                for w in self._members()
+            },
+            "events": self._events[events_since:],
         }
