@@ -99,3 +99,14 @@ def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dir
     # Metrics reported before the failure are kept, and so is the last committed checkpoint.
     assert result.metrics["step"] == 4
     assert result.checkpoint is not None and result.checkpoint.to_dict()["step"] == 4
+
+
+@pytest.mark.timeout(60)
+def test_below_min_workers_fails_after_the_configured_wait(local_ray, run_dirs):
+    trainer = _trainer(run_dirs, 5, (3, 4), None, elastic=et.ElasticConfig(min_workers_timeout_s=3.0))
+    started = time.monotonic()
+    result = trainer.fit()
+    assert isinstance(result.error, et.TrainingFailedError)
+    assert "only 2 of the minimum 3 workers could be placed" in str(result.error)
+    assert "min_workers_timeout_s" in str(result.error)
+    assert 3.0 <= time.monotonic() - started < 30
