@@ -16,7 +16,7 @@ import ray
 import torch
 
 import elastic_train as et
-from elastic_train.torch import prepare_model
+from elastic_train.torch import get_device, prepare_model
 
 
 def log_progress(log_dir: str, **record) -> None:
@@ -60,11 +60,12 @@ def linear_regression_loop(config: dict) -> None:
         start = state["step"]
     ddp = prepare_model(model)
     ctx = et.get_context()
-    true_w = torch.arange(8, dtype=torch.float32).unsqueeze(1)
+    device = get_device()
+    true_w = torch.arange(8, dtype=torch.float32, device=device).unsqueeze(1)
     for step in range(start + 1, config["steps"] + 1):
         fault_once(config, step, ctx.get_world_rank())
         g = torch.Generator().manual_seed(step * 1000 + ctx.get_world_rank())
-        x = torch.randn(16, 8, generator=g)
+        x = torch.randn(16, 8, generator=g).to(device)
         loss = torch.nn.functional.mse_loss(ddp(x), x @ true_w)
         optimizer.zero_grad()
         loss.backward()
@@ -119,3 +120,29 @@ def sample_counting_loop(config: dict) -> None:
                       checkpoint=et.Checkpoint.from_dict({"counts": counts, "epoch": epoch, "step": step}))
         if ctx.get_world_rank() == 0:
             log_progress(config["log_dir"], rank=0, epoch_done=epoch, counts=counts.tolist())
+
+
+def sharded_directory_loop(config: dict) -> None:
+    """Each rank reports a directory with its own shard file plus a replicated `common.txt`.
+
+    The shard files hold the step, so a test can see that a restored checkpoint is one whole step.
+    """
+    import tempfile
+
+    start = 0
+    checkpoint = et.get_checkpoint()
+    ctx = et.get_context()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            names = sorted(os.listdir(d))
+            steps = {Path(d, n).read_text() for n in names}
+            log_progress(config["log_dir"], rank=ctx.get_world_rank(), restored=names, restored_steps=sorted(steps),
+                         generation=ctx.get_generation())
+            start = int(Path(d, "common.txt").read_text())
+    for step in range(start + 1, config["steps"] + 1):
+        fault_once(config, step, ctx.get_world_rank())
+        time.sleep(config.get("step_time", 0.0))
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, f"shard_{ctx.get_world_rank()}.txt").write_text(str(step))
+            Path(d, "common.txt").write_text(str(step))
+            et.report({"step": step}, checkpoint=et.Checkpoint.from_directory(d))

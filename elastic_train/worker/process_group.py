@@ -17,6 +17,7 @@ import threading
 from datetime import timedelta
 
 import psutil
+import torch
 import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
@@ -51,12 +52,20 @@ class GenerationProcessGroup:
             timeout=self._rendezvous_timeout,
         )
         before = _tcp_fds()
+        extra: dict = {}
+        if self.backend == "nccl":
+            # Non-blocking communicators can be aborted while an operation is in flight (torchft does
+            # the same); the group is bound to this worker's GPU up front.
+            options = dist.ProcessGroupNCCL.Options()
+            options.config.blocking = False
+            extra = {"pg_options": options, "device_id": torch.device("cuda", torch.cuda.current_device())}
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"generation/{assignment.generation}/", self._store),
             rank=assignment.rank,
             world_size=assignment.world_size,
             timeout=self._collective_timeout,
+            **extra,
         )
         if self.backend == "gloo":
             self._connections = [

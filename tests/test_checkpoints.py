@@ -1,0 +1,75 @@
+"""Checkpoint directories of all ranks merge by name; resume falls back to storage when no
+survivor holds a whole checkpoint; a stored run resumes with a new fit()."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import elastic_train as et
+from elastic_train.protocol import ResumePlan
+from elastic_train.supervisor.ledger import CheckpointLedger
+from tests.loops import linear_regression_loop, read_progress, sharded_directory_loop
+
+
+@pytest.mark.timeout(10)
+def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_whole():
+    ledger = CheckpointLedger(keep=2)
+    for index in (1, 2):
+        ledger.record(0, 2, index, 0, worker_id=10, names=["model.pt", "shard_0"], metrics={"i": index},
+                      loader_states=[])
+        ledger.record(0, 2, index, 1, worker_id=11, names=["model.pt", "shard_1"], metrics=None, loader_states=[])
+    ledger.record(0, 2, 3, 0, worker_id=10, names=["model.pt", "shard_0"], metrics={}, loader_states=[])
+    # Index 3 is incomplete (rank 1 never reported it): the newest whole one is 2.
+    assert ledger.resume_plan({10, 11}) == ResumePlan(2, {10: ["model.pt", "shard_0"], 11: ["shard_1"]})
+    # Without worker 11, shard_1 is held by nobody: no checkpoint can be served from memory.
+    assert ledger.resume_plan({10}) is None
+    ledger.rewind(1)
+    assert sorted(ledger.entries) == [1]
+
+
+@pytest.mark.timeout(120)
+def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray, run_dirs):
+    config = {"steps": 60, "log_dir": run_dirs["log_dir"], "step_time": 0.1,
+              "fault": {"kind": "kill", "rank": 1, "at_step": 12}}
+    result = et.TorchTrainer(
+        sharded_directory_loop,
+        train_loop_config=config,
+        scaling_config=et.ScalingConfig(num_workers=(1, 2)),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
+    ).fit()
+    assert result.error is None, result.error
+    assert result.world_sizes[-1] == 2
+    with result.checkpoint.as_directory() as d:
+        assert sorted(os.listdir(d)) == ["common.txt", "manifest.json", "shard_0.txt", "shard_1.txt"]
+    restored = [p for p in read_progress(run_dirs["log_dir"]) if "restored" in p]
+    assert restored, "the loop never resumed"
+    after_kill = restored[0]
+    # Rank 1's shard died with it, so the survivor resumed from a whole checkpoint in storage: every
+    # shard present, all of one step.
+    assert after_kill["restored"][:3] == ["common.txt", "manifest.json", "shard_0.txt"]
+    assert "shard_1.txt" in after_kill["restored"]
+    assert len(after_kill["restored_steps"]) <= 2  # the step number, and the manifest's JSON
+    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] == 1][0]
+    assert resumed["resume_from"] == "storage"
+
+
+@pytest.mark.timeout(120)
+def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
+    def fit(steps):
+        return et.TorchTrainer(
+            linear_regression_loop,
+            train_loop_config={"steps": steps, "log_dir": run_dirs["log_dir"]},
+            scaling_config=et.ScalingConfig(num_workers=2),
+            run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
+        ).fit()
+
+    assert fit(10).metrics["step"] == 10
+    second = fit(15)
+    assert second.error is None
+    assert [h["step"] for h in second.metrics_history] == [11, 12, 13, 14, 15]
+    restored = et.TorchTrainer.restore(second.path, linear_regression_loop,
+                                       train_loop_config={"steps": 17, "log_dir": run_dirs["log_dir"]},
+                                       scaling_config=et.ScalingConfig(num_workers=1)).fit()
+    assert [h["step"] for h in restored.metrics_history] == [16, 17]
