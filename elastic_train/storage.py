@@ -60,9 +60,15 @@ class RunStorage:
             self.fs.mv(staging, target)
 
     def commit(self, index: int, manifest: dict[str, Any]) -> CommittedCheckpoint:
+        """Make checkpoint `index` exist: drop files its manifest does not list (left by an abandoned
+        attempt at the same index), then write the manifest, last."""
         folder = posixpath.join(self.root, checkpoint_dirname(index))
+        listed = {posixpath.join(folder, name) for name in manifest["files"]}
+        for path in self.fs.find(folder):
+            if path not in listed:
+                self.fs.rm(path)
         with self.fs.open(posixpath.join(folder, MANIFEST), "w") as f:
-            json.dump(manifest, f)
+            json.dump(manifest, f, default=str)
         return _from_manifest(self.url(checkpoint_dirname(index)), manifest)
 
     def committed(self) -> list[CommittedCheckpoint]:

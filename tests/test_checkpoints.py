@@ -10,6 +10,7 @@ import pytest
 import elastic_train as et
 from elastic_train.protocol import ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
+from tests.helpers import make_trainer
 from tests.loops import linear_regression_loop, read_progress, sharded_directory_loop
 
 
@@ -31,14 +32,8 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
 
 @pytest.mark.timeout(120)
 def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray, run_dirs):
-    config = {"steps": 60, "log_dir": run_dirs["log_dir"], "step_time": 0.1,
-              "fault": {"kind": "kill", "rank": 1, "at_step": 12}}
-    result = et.TorchTrainer(
-        sharded_directory_loop,
-        train_loop_config=config,
-        scaling_config=et.ScalingConfig(num_workers=(1, 2)),
-        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
-    ).fit()
+    result = make_trainer(run_dirs, (1, 2), sharded_directory_loop, steps=60, step_time=0.1,
+                          fault={"kind": "kill", "rank": 1, "at_step": 12}).fit()
     assert result.error is None, result.error
     assert result.world_sizes[-1] == 2
     with result.checkpoint.as_directory() as d:
@@ -57,16 +52,8 @@ def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray
 
 @pytest.mark.timeout(120)
 def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
-    def fit(steps):
-        return et.TorchTrainer(
-            linear_regression_loop,
-            train_loop_config={"steps": steps, "log_dir": run_dirs["log_dir"]},
-            scaling_config=et.ScalingConfig(num_workers=2),
-            run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
-        ).fit()
-
-    assert fit(10).metrics["step"] == 10
-    second = fit(15)
+    assert make_trainer(run_dirs, 2, steps=10).fit().metrics["step"] == 10
+    second = make_trainer(run_dirs, 2, steps=15).fit()
     assert second.error is None
     assert [h["step"] for h in second.metrics_history] == [11, 12, 13, 14, 15]
     restored = et.TorchTrainer.restore(second.path, linear_regression_loop,

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-import elastic_train as et
 from tests.conftest import ray_runtime_env
-from tests.loops import linear_regression_loop, read_progress
-from tests.test_faults import wait_for
+from tests.helpers import fit_in_background, make_trainer, wait_for
+from tests.loops import read_progress
 
 
 @pytest.fixture
@@ -30,15 +28,7 @@ def three_node_cluster():
 def test_node_removed_then_added(three_node_cluster, run_dirs):
     cluster, nodes = three_node_cluster
     steps = 150
-    trainer = et.TorchTrainer(
-        linear_regression_loop,
-        train_loop_config={"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": 0.1},
-        scaling_config=et.ScalingConfig(num_workers=(2, 3)),
-        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
-    )
-    results = {}
-    thread = threading.Thread(target=lambda: results.setdefault("r", trainer.fit()))
-    thread.start()
+    join = fit_in_background(make_trainer(run_dirs, (2, 3), steps=steps, step_time=0.1))
 
     def at_world(size, after=0.0):
         return [p for p in read_progress(run_dirs["log_dir"]) if p["world"] == size and p["time"] > after]
@@ -55,8 +45,7 @@ def test_node_removed_then_added(three_node_cluster, run_dirs):
     added_at = time.time()
     cluster.add_node(num_cpus=1)
     wait_for(lambda: at_world(3, added_at), 90, "the run to grow back to 3")
-    thread.join(180)
-    result = results["r"]
+    result = join(180)
     assert result.error is None, result.error
     assert result.metrics["step"] == steps
     progress = read_progress(run_dirs["log_dir"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import elastic_train as et
 from elastic_train.torch.data import ElasticBatchSampler
+from tests.helpers import make_trainer
 from tests.loops import read_progress, sample_counting_loop
 
 
@@ -23,14 +23,8 @@ def test_batch_sampler_shards_are_disjoint_and_cover_the_epoch(world):
 
 @pytest.mark.timeout(180)
 def test_no_sample_skipped_or_repeated_across_kill_and_regrow(local_ray, run_dirs):
-    config = {"samples": 96, "epochs": 3, "global_batch_size": 8, "log_dir": run_dirs["log_dir"],
-              "step_time": 0.15, "fault": {"kind": "kill", "rank": 1, "at_step": 7}}
-    result = et.TorchTrainer(
-        sample_counting_loop,
-        train_loop_config=config,
-        scaling_config=et.ScalingConfig(num_workers=(1, 2)),
-        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"),
-    ).fit()
+    config = {"samples": 96, "epochs": 3, "global_batch_size": 8, "step_time": 0.15, "fault": {"kind": "kill", "rank": 1, "at_step": 7}}
+    result = make_trainer(run_dirs, (1, 2), sample_counting_loop, **config).fit()
     assert result.error is None, result.error
     assert result.metrics == {"step": 36, "epoch": 2}
     final = result.checkpoint.to_dict()["counts"]

@@ -5,40 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import elastic_train as et
-from tests.loops import linear_regression_loop, read_progress
+from tests.helpers import fit_in_background, make_trainer, wait_for
+from tests.loops import read_progress
 
 
-def wait_for(predicate, timeout: float, what: str):
-    """Poll `predicate` until it returns something truthy; the test's own observation of the run."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _trainer(run_dirs, steps, num_workers, fault, step_time=0.1, max_failures=0, elastic=None):
-    config = {"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": step_time, "fault": fault}
-    return et.TorchTrainer(
-        linear_regression_loop,
-        train_loop_config=config,
-        scaling_config=et.ScalingConfig(num_workers=num_workers),
-        run_config=et.RunConfig(
-            storage_path=run_dirs["storage"],
-            name="run",
-            failure_config=et.FailureConfig(max_failures=max_failures),
-            elastic_config=elastic,
-        ),
-    )
+def _trainer(run_dirs, steps, num_workers, fault, step_time=0.1, **kw):
+    return make_trainer(run_dirs, num_workers, steps=steps, step_time=step_time, fault=fault, **kw)
 
 
 @pytest.mark.timeout(180)
@@ -46,9 +24,7 @@ def test_sigstopped_worker_is_dropped_and_fenced(local_ray, run_dirs):
     elastic = et.ElasticConfig(heartbeat_timeout_s=3.0)
     trainer = _trainer(run_dirs, 80, (1, 2), {"kind": "stop", "rank": 1, "at_step": 10, "point": "before_report"},
                        elastic=elastic)
-    results = {}
-    thread = threading.Thread(target=lambda: results.setdefault("r", trainer.fit()))
-    thread.start()
+    join = fit_in_background(trainer)
     fault_file = Path(run_dirs["log_dir"]) / "fault.json"
     fault = wait_for(lambda: fault_file.exists() and json.loads(fault_file.read_text() or "null"), 60, "the freeze")
 
@@ -57,8 +33,7 @@ def test_sigstopped_worker_is_dropped_and_fenced(local_ray, run_dirs):
 
     first_alone = wait_for(resumed_alone, 30, "the survivor to go on alone")[0]
     os.kill(fault["pid"], signal.SIGCONT)
-    thread.join(150)
-    result = results["r"]
+    result = join(150)
     assert result.error is None, result.error
     assert result.metrics["step"] == 80
 

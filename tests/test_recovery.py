@@ -8,24 +8,15 @@ from pathlib import Path
 
 import pytest
 
-import elastic_train as et
-from tests.loops import linear_regression_loop, read_progress
-
-
-def _fit(run_dirs, steps, num_workers, fault=None, step_time=0.1, **run_kw):
-    config = {"steps": steps, "log_dir": run_dirs["log_dir"], "step_time": step_time, "fault": fault}
-    return et.TorchTrainer(
-        linear_regression_loop,
-        train_loop_config=config,
-        scaling_config=et.ScalingConfig(num_workers=num_workers),
-        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run", **run_kw),
-    ).fit()
+from tests.helpers import make_trainer
+from tests.loops import read_progress
 
 
 @pytest.mark.timeout(180)
 def test_sigkill_of_rank_1_recovers_in_place_and_grows_back(local_ray, run_dirs):
     steps = 60
-    result = _fit(run_dirs, steps, (1, 2), fault={"kind": "kill", "rank": 1, "at_step": 10})
+    result = make_trainer(run_dirs, (1, 2), steps=steps, step_time=0.1,
+                          fault={"kind": "kill", "rank": 1, "at_step": 10}).fit()
     assert result.error is None, result.error
     assert result.metrics["step"] == steps
 

@@ -328,8 +328,10 @@ class Supervisor:
             if w.status in (WorkerStatus.PENDING, WorkerStatus.LOST) and w.actor is not None:
                 ray.kill(w.actor)
         self._event("run_ended", state=self._state.value)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self._elastic.drain_timeout_s)
+        # Members leave after flushing their last checkpoint; its commit is a task of its own.
+        deadline = time.monotonic() + self._elastic.drain_timeout_s
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
         self._storage.write_text("events.json", json.dumps(self._events, default=str))
 
     def _track(self, coroutine: Any) -> None:
@@ -412,9 +414,8 @@ class Supervisor:
         return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at)
 
     async def part_persisted(self, worker_id: int, generation: int, index: int) -> None:
-        w = self._workers[worker_id]
-        entry = self._ledger.mark_persisted(index, w.rank if w.generation == generation else -1)
-        if entry is None or not entry.ready_to_commit:
+        entry = self._ledger.mark_persisted(index, worker_id)
+        if entry is None or entry.generation != generation or not entry.ready_to_commit:
             return
         entry.committed = True
         manifest = {
@@ -431,12 +432,16 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
         self._committed.append(committed)
-        await loop.run_in_executor(None, self._apply_retention)
+        self._committed.sort(key=lambda c: c.index)
+        for victim in self._retention_victims():
+            self._committed.remove(victim)
+            await loop.run_in_executor(None, self._storage.delete, victim.index)
 
-    def _apply_retention(self) -> None:
+    def _retention_victims(self) -> list[CommittedCheckpoint]:
+        """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point)."""
         cfg = self._checkpointing
         if cfg.num_to_keep is None or len(self._committed) <= cfg.num_to_keep:
-            return
+            return []
         latest = self._committed[-1]
         if cfg.checkpoint_score_attribute:
             attr, sign = cfg.checkpoint_score_attribute, (1 if cfg.checkpoint_score_order == "max" else -1)
@@ -448,10 +453,7 @@ class Supervisor:
         else:
             ranked = sorted(self._committed, key=lambda c: c.index, reverse=True)
         keep = ranked[: cfg.num_to_keep]
-        for c in list(self._committed):
-            if c not in keep and c is not latest:
-                self._storage.delete(c.index)
-                self._committed.remove(c)
+        return [c for c in self._committed if c not in keep and c is not latest]
 
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:

@@ -63,10 +63,11 @@ class CheckpointLedger:
             entry.loader_states = loader_states
         return entry
 
-    def mark_persisted(self, index: int, rank: int) -> ReportEntry | None:
+    def mark_persisted(self, index: int, worker_id: int) -> ReportEntry | None:
+        """Note that `worker_id` stored its part of checkpoint `index`; returns the entry, if still known."""
         entry = self.entries.get(index)
         if entry is not None:
-            entry.persisted_ranks.add(rank)
+            entry.persisted_ranks.update(rank for rank, (wid, _) in entry.parts.items() if wid == worker_id)
         return entry
 
     def resume_plan(self, live_workers: set[int]) -> ResumePlan | None:
