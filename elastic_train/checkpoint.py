@@ -119,10 +119,11 @@ def write_files(directory: str, files: dict[str, bytes]) -> None:
             f.write(data)
 
 
-def checkpoint_from_files(files: dict[str, bytes]) -> Checkpoint:
-    """A checkpoint for files held in memory: a dict if that is all it holds, else a local directory."""
+def checkpoint_from_files(files: dict[str, bytes], scratch: str) -> Checkpoint:
+    """A checkpoint for files held in memory: a dict if that is all it holds, else a directory
+    written under `scratch` (which the caller removes when it is done with the checkpoint)."""
     if set(files) == {DICT_FILE}:
         return Checkpoint.from_dict(dict_from_bytes(files[DICT_FILE]))
-    directory = tempfile.mkdtemp(prefix="elastic_train_restored_")
+    directory = tempfile.mkdtemp(prefix="restored_", dir=scratch)
     write_files(directory, files)
     return Checkpoint.from_directory(directory)

@@ -137,6 +137,7 @@ class TrainWorker:
                 outcome = Outcome(Exit.USER_ERROR, generation, detail)
         finally:
             set_session(None)
+            session.close()
             self._generation = None
             self._group.leave()
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)

@@ -8,6 +8,8 @@ unwinds the loop with `GenerationEnded` when the group is about to be re-formed.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -117,6 +119,7 @@ class TrainSession:
         self._loaders: list[StatefulLoader] = []
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
+        self._scratch: str | None = None
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
@@ -175,7 +178,13 @@ class TrainSession:
                 remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(plan.index, names))
         for part in ray.get(remote):
             files.update(part)
-        return checkpoint_from_files(files)
+        self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
+        return checkpoint_from_files(files, self._scratch)
+
+    def close(self) -> None:
+        """The generation is over: remove what this session wrote to local disk."""
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 _current: TrainSession | None = None
