@@ -268,7 +268,7 @@ class Supervisor:
                 self._lose(w, f"no heartbeat for {now - w.last_heartbeat:.1f}s")
 
     def _lose(self, worker: WorkerRecord, reason: str) -> None:
-        if worker.status is WorkerStatus.LOST:
+        if worker.status is WorkerStatus.LOST or self._state.terminal:
             return
         logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
         self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,

@@ -1,0 +1,256 @@
+"""Kill -> next completed step, side by side: elastic_train's in-place recovery against Ray Train's restart.
+
+Why: elastic_train's claim is that losing a worker costs a fraction of a second (the survivors keep
+their process and resume from a checkpoint held in memory) where Ray Train tears the whole worker
+group down and restarts it from storage. This measures both on the same training loop, in one run,
+one system after the other (this machine is noisy: compare the two columns, not runs of different days).
+
+What: one loop, written once and parameterized by the API module it calls (`elastic_train` or
+`ray.train`): 2 workers, a small DDP model, a fixed step time, and a checkpoint every step (rank 0
+saves model + optimizer + step into a temporary directory and reports `Checkpoint.from_directory`,
+the other rank reports none: Ray Train's recommended pattern). It resumes from `get_checkpoint()`.
+Rank 1 SIGKILLs its own process every `--kill-every` steps, each kill once (an O_EXCL marker file
+records its time, so a restarted loop does not kill again; a kill whose step rank 1 did not run,
+because elastic_train was still running on one worker, happens at the next step rank 1 runs). Each
+rank logs every completed step, before `report()`. Per kill:
+
+* `resume_s`: the kill to the first step any rank completes after it. A survivor finishing the
+  step it was already in when the kill came does not count: it is not a recovery.
+* `full_size_s`: the kill to the first step completed by 2 workers again (elastic_train goes on
+  with 1 and grows back when Ray has placed a new worker; Ray Train restarts with 2).
+* `steps_redone`: the steps rank 0 completed a second time after this kill (and before the next).
+
+Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default)
+and takes one report per worker per poll, so reporting every step caps its steps at one per poll;
+`--ray-poll-s` sets that interval (for Ray Train only).
+
+    python -m benchmarks.kill_recovery --kills 10 --out results/kill_recovery
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer as RayTorchTrainer
+
+import elastic_train as et
+from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
+
+logger = logging.getLogger("benchmarks.kill_recovery")
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_WORKERS = 2
+SYSTEMS = ("elastic_train", "ray_train")
+API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The workload, against the API module `config["api"]` names ("elastic_train" or "ray.train")."""
+    api = importlib.import_module(config["api"])
+    prepare_model = importlib.import_module(config["api"] + ".torch").prepare_model
+    context = api.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    log = Path(config["log_dir"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    start = 1
+    checkpoint = api.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(Path(d) / "state.pt", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+    ddp = prepare_model(model)
+    for step in range(start, config["steps"] + 1):
+        if rank == 1:
+            _kill_if_due(log, step, config["kills"], config["kill_every"])
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
+        loss = ddp(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        record = {"time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size, "step": step}
+        with open(log / "progress.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        metrics = {"loss": loss.item(), "step": step}
+        if rank != 0:
+            api.report(metrics)
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                       Path(d) / "state.pt")
+            api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
+
+
+def _kill_if_due(log: Path, step: int, kills: int, every: int) -> None:
+    """SIGKILL this process if a kill not yet done is due at or before `step` (the earliest one)."""
+    for k in range(kills):
+        due = every * (k + 1)
+        if due > step:
+            return
+        try:
+            fd = os.open(log / f"kill_{k:03d}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.write(fd, json.dumps({"kill": k, "due_step": due, "step": step, "time": time.time()}).encode())
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_system(system: str, kills: int, kill_every: int, step_time: float, ray_poll_s: float | None,
+               out: Path) -> dict[str, Any]:
+    """Run the loop under `system` on a fresh Ray instance; returns its measurements."""
+    workdir = out / system
+    shutil.rmtree(workdir, ignore_errors=True)
+    log = workdir / "log"
+    log.mkdir(parents=True)
+    config = {"api": API[system], "log_dir": str(log), "kills": kills, "kill_every": kill_every,
+              "steps": kill_every * (kills + 1), "step_time": step_time}
+    env = {"PYTHONPATH": str(ROOT)}
+    if system == "ray_train" and ray_poll_s is not None:
+        env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
+    storage, name = str(workdir / "storage"), "kill_recovery"
+    ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        started = time.monotonic()
+        if system == "ray_train":
+            result = RayTorchTrainer(
+                train_loop, train_loop_config=config,
+                scaling_config=ray.train.ScalingConfig(num_workers=NUM_WORKERS),
+                run_config=ray.train.RunConfig(storage_path=storage, name=name,
+                                               failure_config=ray.train.FailureConfig(max_failures=kills + 2)),
+            ).fit()
+        else:
+            result = ElasticTorchTrainer(
+                train_loop, train_loop_config=config,
+                scaling_config=et.ScalingConfig(num_workers=(1, NUM_WORKERS)),
+                run_config=et.RunConfig(storage_path=storage, name=name,
+                                        failure_config=et.FailureConfig(max_failures=kills + 2)),
+            ).fit()
+        wall = time.monotonic() - started
+    finally:
+        ray.shutdown()
+    if result.error is not None:
+        raise RuntimeError(f"{system} failed after {wall:.1f} s: {result.error}")
+    return {"system": system, "wall_s": round(wall, 2), "final_step": result.metrics.get("step"), **measure(log)}
+
+
+def _spread(name: str, values: list[float | None]) -> dict[str, Any]:
+    measured = [v for v in values if v is not None]
+    return {name: values, f"{name}_median": statistics.median(measured) if measured else None,
+            f"{name}_min": min(measured, default=None), f"{name}_max": max(measured, default=None)}
+
+
+def measure(log: Path) -> dict[str, Any]:
+    """Per kill: the time to the next step and back to full size, and the steps rank 0 redid."""
+    progress = sorted((json.loads(line) for line in (log / "progress.jsonl").read_text().splitlines()),
+                      key=lambda r: r["time"])
+    kill_records = sorted((json.loads(p.read_text()) for p in log.glob("kill_*.json")), key=lambda k: k["time"])
+    ends = [k["time"] for k in kill_records[1:]] + [float("inf")]
+    resume: list[float | None] = []
+    full_size: list[float | None] = []
+    for kill, end in zip(kill_records, ends):
+        old_pids = {r["pid"] for r in progress if r["time"] < kill["time"]}
+        after = [r for r in progress if kill["time"] < r["time"] < end
+                 and not (r["pid"] in old_pids and r["step"] < kill["step"])]
+        resume.append(round(after[0]["time"] - kill["time"], 3) if after else None)
+        full = next((r for r in after if r["world_size"] == NUM_WORKERS), None)
+        full_size.append(round(full["time"] - kill["time"], 3) if full else None)
+    rank0 = [r for r in progress if r["rank"] == 0]
+    redone = [0] * len(kill_records)
+    seen: set[int] = set()
+    for r in rank0:
+        if r["step"] in seen:
+            redone[max(i for i, k in enumerate(kill_records) if k["time"] < r["time"])] += 1
+        seen.add(r["step"])
+    steps = [b["time"] - a["time"] for a, b in zip(rank0, rank0[1:]) if b["step"] == a["step"] + 1]
+    return {
+        "kills": len(kill_records),
+        "kill_steps": [k["step"] for k in kill_records],
+        **_spread("resume_s", resume),
+        **_spread("full_size_s", full_size),
+        "steps_redone": redone,
+        "steps_redone_median": statistics.median(redone),
+        "steps_redone_total": sum(redone),
+        "step_s_median": round(statistics.median(steps), 3),
+        "rank0_steps_by_world_size": dict(sorted(Counter(r["world_size"] for r in rank0).items())),
+    }
+
+
+def _median_spread(s: dict[str, Any], name: str) -> str:
+    if s[f"{name}_median"] is None:
+        return "-"
+    return f"{s[f'{name}_median']:.3f} s ({s[f'{name}_min']:.3f}-{s[f'{name}_max']:.3f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="3 kills, to try the benchmark out")
+    parser.add_argument("--kill-every", type=int, default=30,
+                        help="steps between kills: enough for elastic_train to grow back to 2 workers in between")
+    parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
+    parser.add_argument("--ray-poll-s", type=float, default=None,
+                        help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "kill_recovery",
+                        help="folder for kill_recovery.json and each system's logs and checkpoints")
+    args = parser.parse_args()
+    systems = args.systems.split(",")
+    if unknown := set(systems) - set(SYSTEMS):
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kills = 3 if args.quick else args.kills
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = []
+    for system in systems:
+        logger.info("%s: %d kills, one every %d steps", system, kills, args.kill_every)
+        results.append(run_system(system, kills, args.kill_every, args.step_time, args.ray_poll_s, out))
+        logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
+    report = {
+        "benchmark": "kill_recovery",
+        "kills": kills,
+        "kill_every_steps": args.kill_every,
+        "step_time_s": args.step_time,
+        "ray_train_health_check_interval_s": args.ray_poll_s,
+        "total_wall_s": round(time.monotonic() - started, 2),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "ray": ray.__version__},
+        "systems": results,
+    }
+    (out / "kill_recovery.json").write_text(json.dumps(report, indent=2) + "\n")
+    print("\n| system | kills | kill -> next step: median (min-max) | kill -> 2 workers again: median (min-max) "
+          "| steps redone: total (median) | rank-0 steps at world size | step | wall |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for s in results:
+        sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
+        print(f"| {s['system']} | {s['kills']} | {_median_spread(s, 'resume_s')} | {_median_spread(s, 'full_size_s')} "
+              f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) | {sizes} | {s['step_s_median']:.3f} s "
+              f"| {s['wall_s']:.1f} s |")
+    print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'kill_recovery.json'}")
+
+
+if __name__ == "__main__":
+    main()
