@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import ConfigError
 
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -113,8 +114,24 @@ class CheckpointConfig:
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    persist_every_n_reports: int | None = 1
+    """Persist every Nth reported checkpoint to storage (the others live in workers' memory only)."""
+    persist_interval_s: float | None = None
+    """Also persist a reported checkpoint when this long has passed since the last persisted one."""
 
     def __post_init__(self) -> None:
+        n = self.persist_every_n_reports
+        if n is not None and (not isinstance(n, int) or n < 1):
+            raise ConfigError(f"CheckpointConfig.persist_every_n_reports={n!r}: use an integer >= 1, or None.")
+        if self.persist_interval_s is not None and not self.persist_interval_s > 0:
+            raise ConfigError(
+                f"CheckpointConfig.persist_interval_s={self.persist_interval_s!r}: use a number of seconds > 0, or None."
+            )
+        if n is None and self.persist_interval_s is None:
+            raise ConfigError(
+                "CheckpointConfig: persist_every_n_reports and persist_interval_s are both None, so no checkpoint "
+                "would ever reach storage; set one of them."
+            )
         if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
             raise ConfigError(
                 f"CheckpointConfig.num_to_keep={self.num_to_keep!r}: keep at least 1 checkpoint, or None for all."
@@ -149,6 +166,17 @@ class ElasticConfig:
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
+    storage_retry_initial_s: float = 0.2
+    """First backoff after a transient storage error; it doubles (with jitter) per retry."""
+    storage_retry_max_s: float = 10.0
+    """Longest backoff between two retries of a storage operation."""
+    storage_retry_deadline_s: float = 120.0
+    """How long one storage operation is retried; then that checkpoint is given up (training goes on)."""
+    persist_flush_timeout_s: float = 600.0
+    """How long a finishing worker waits for its last checkpoint to reach storage."""
+
+    def storage_retry(self) -> RetryPolicy:
+        return RetryPolicy(self.storage_retry_initial_s, self.storage_retry_max_s, self.storage_retry_deadline_s)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

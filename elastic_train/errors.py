@@ -16,3 +16,7 @@ class TrainingFailedError(RuntimeError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be read or written."""
+
+
+class StorageError(CheckpointError):
+    """Storage refused an operation (denied, missing bucket, bad credentials), or kept failing."""

@@ -30,7 +30,7 @@ class ResumePlan:
 
     index: int  # the report index of the checkpoint; the loop's reports go on from here
     holders: dict[int, list[str]] = field(default_factory=dict)  # worker id -> files it serves from memory
-    storage_path: str | None = None  # a committed checkpoint in storage, when no survivor holds one
+    stored: Any = None  # the CommittedCheckpoint in storage to load, when no survivor holds a newer one
     loader_states: list[dict[str, Any]] = field(default_factory=list)  # prepare_data_loader positions
 
 
@@ -67,3 +67,4 @@ class HeartbeatReply:
 class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized
+    persist: bool = False  # store this checkpoint (the persistence cadence chose it)

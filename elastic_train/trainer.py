@@ -21,7 +21,7 @@ from elastic_train.config import (
 )
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.result import Result
-from elastic_train.storage import RunStorage, open_checkpoint
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.state import RunState
 from elastic_train.worker.actor import WorkerSpec
@@ -94,20 +94,27 @@ class TorchTrainer:
     @classmethod
     def restore(cls, path: str, train_loop_per_worker: Callable[..., Any], **kwargs: Any) -> "TorchTrainer":
         """A trainer that resumes the run stored at `path` from its newest committed checkpoint."""
-        parent, _, name = str(path).rstrip("/").rpartition("/")
         run_config = kwargs.pop("run_config", None) or RunConfig()
-        run_config = RunConfig(**{**run_config.__dict__, "storage_path": parent, "name": name})
+        storage = RunStorage.at(path, run_config.storage_options)
+        if not storage.committed():
+            raise ConfigError(
+                f"TorchTrainer.restore({path!r}): no committed checkpoint there. Pass the folder of an earlier run "
+                "(its Result.path), with the same RunConfig.storage_options."
+            )
+        run_config = RunConfig(**{**run_config.__dict__, "storage_path": storage.storage_path, "name": storage.name})
         return cls(train_loop_per_worker, run_config=run_config, **kwargs)
 
     def fit(self) -> Result:
         run = self.run_config
         name = run.name or f"TorchTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
-        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options)
+        elastic = run.elastic_config or ElasticConfig()
+        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry())
+        storage.check_writable()
         spec = WorkerSpec(
             train_fn=self.train_loop_per_worker,
             train_config=(self.train_loop_config or {}) if self._loop_takes_config else None,
             backend="nccl" if self.scaling_config.use_gpu else "gloo",
-            elastic=run.elastic_config or ElasticConfig(),
+            elastic=elastic,
             storage=storage,
         )
         if not ray.is_initialized():
@@ -129,7 +136,8 @@ class TorchTrainer:
             summary = ray.get(supervisor.run.remote())
         finally:
             ray.kill(supervisor)
-        checkpoints = [(open_checkpoint(c.path, run.storage_options), c.metrics) for c in summary.checkpoints]
+        checkpoints = [(Checkpoint(storage.folder(c.index), storage.fs, c.manifest), c.metrics)
+                       for c in summary.checkpoints]
         error = None
         if summary.state is RunState.ERRORED:
             error = TrainingFailedError(f"Training failed:\n{summary.error}")

@@ -78,10 +78,10 @@ def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dir
 
 @pytest.mark.timeout(60)
 def test_below_min_workers_fails_after_the_configured_wait(local_ray, run_dirs):
-    trainer = _trainer(run_dirs, 5, (3, 4), None, elastic=et.ElasticConfig(min_workers_timeout_s=3.0))
+    trainer = _trainer(run_dirs, 5, (3, 4), None, elastic=et.ElasticConfig(min_workers_timeout_s=10.0))
     started = time.monotonic()
     result = trainer.fit()
     assert isinstance(result.error, et.TrainingFailedError)
     assert "only 2 of the minimum 3 workers could be placed" in str(result.error)
     assert "min_workers_timeout_s" in str(result.error)
-    assert 3.0 <= time.monotonic() - started < 30
+    assert 10.0 <= time.monotonic() - started < 40

@@ -28,7 +28,10 @@ from elastic_train.protocol import (
     ResumePlan,
     Stop,
 )
-from elastic_train.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.manifest import Manifest
+from elastic_train.checkpoint.retry import TransientStorageError
+from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.errors import StorageError
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor.state import RunState, check_transition
@@ -78,7 +81,9 @@ class Supervisor:
         self._counted: set[tuple[int, int]] = set()
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
-        self._committed: list[CommittedCheckpoint] = self._storage.committed()
+        self._committed: list[CommittedCheckpoint] = []
+        self._reports_since_persist = 0
+        self._last_persist_chosen = time.monotonic()
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -89,6 +94,10 @@ class Supervisor:
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
         self._self_handle = ray.get_runtime_context().current_actor
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._recover_storage)
+        except StorageError as exc:
+            self._fail(str(exc))
         self._expected_initial = min(self._scaling.max_workers, self._placeable_now())
         self._event("run_started", expected_workers=self._expected_initial)
         self._top_up_workers()
@@ -101,6 +110,27 @@ class Supervisor:
             self._step(time.monotonic())
         await self._shut_down()
         return RunSummary(self._state, self._error, self._metrics, self._history, self._committed, self._events)
+
+    def _recover_storage(self) -> None:
+        """Find where an earlier run with this name left off: the newest committed checkpoint whose
+        files verify. Newer ones that do not, and torn folders (no manifest), are removed: the run
+        goes on from the whole one and will write those indices again."""
+        committed = self._storage.committed()
+        whole, corrupt = self._storage.newest_whole(committed)
+        self._committed = [c for c in committed if c not in corrupt]
+        for c in corrupt:
+            self._event("checkpoint_corrupt", index=c.index, path=c.path)
+        self._sweep_torn()
+        if whole is not None:
+            self._event("restored_from_storage", index=whole.index, path=whole.path)
+
+    def _sweep_torn(self) -> None:
+        """Remove checkpoint folders that hold no commit of this run."""
+        keep = {c.index for c in self._committed}
+        for index in self._storage.indices():
+            if index not in keep:
+                logger.info("removing %s: it was never committed, or is corrupt", self._storage.folder(index))
+                self._storage.delete(index)
 
     def _step(self, now: float) -> None:
         self._drop_silent_workers(now)
@@ -124,8 +154,8 @@ class Supervisor:
             self._open_generation(parked)
         elif waited > self._elastic.min_workers_timeout_s:
             self._fail(
-                f"only {len(parked)} of the minimum {self._scaling.min_workers} workers could be placed within "
-                f"min_workers_timeout_s={self._elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
+                f"only {len(parked) + len(starting)} of the minimum {self._scaling.min_workers} workers could be "
+                f"placed within min_workers_timeout_s={self._elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
                 "ScalingConfig.num_workers, or raise ElasticConfig.min_workers_timeout_s."
             )
 
@@ -216,7 +246,7 @@ class Supervisor:
         self._generation += 1
         self._world_size = len(chosen)
         live = {w.worker_id for w in chosen}
-        resume = self._ledger.resume_plan(live) or self._storage_resume_plan()
+        resume = self._resume_plan(live)
         self._ledger.rewind(resume.index if resume else 0)
         self._max_index = resume.index if resume else 0
         self._resize_at = None
@@ -246,15 +276,17 @@ class Supervisor:
             world_size=len(chosen),
             members={w.worker_id: {"rank": placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
             resume_index=resume.index if resume else None,
-            resume_from="storage" if resume and resume.storage_path else ("memory" if resume else None),
+            resume_from="storage" if resume and resume.stored else ("memory" if resume else None),
         )
         self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen))
 
-    def _storage_resume_plan(self) -> ResumePlan | None:
-        if not self._committed:
-            return None
-        latest = self._committed[-1]
-        return ResumePlan(index=latest.index, storage_path=latest.path, loader_states=latest.loader_states)
+    def _resume_plan(self, live: set[int]) -> ResumePlan | None:
+        """The newest checkpoint there is: served from survivors' memory, else loaded from storage."""
+        in_memory = self._ledger.resume_plan(live)
+        stored = self._committed[-1] if self._committed else None
+        if stored is None or (in_memory is not None and in_memory.index >= stored.index):
+            return in_memory
+        return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
 
     async def _probe(self, worker: WorkerRecord) -> None:
         try:
@@ -332,7 +364,13 @@ class Supervisor:
         deadline = time.monotonic() + self._elastic.drain_timeout_s
         while self._tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
-        self._storage.write_text("events.json", json.dumps(self._events, default=str))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self._sweep_torn)
+            await loop.run_in_executor(None, self._storage.write_text, "events.json",
+                                       json.dumps(self._events, default=str))
+        except StorageError as exc:
+            logger.warning("could not tidy the run's folder: %s", exc)
 
     def _track(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -405,37 +443,77 @@ class Supervisor:
                         index=index, current_generation=self._generation)
             return ReportReply(accepted=False)
         world_size = self._world_size
-        self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
+        entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
+        if names is not None and entry.persist is None:
+            entry.persist = self._persist_due()
         self._max_index = max(self._max_index, index)
         if metrics is not None:
             self._metrics = dict(metrics)
             self._history.append({**metrics, "_index": index, "_generation": generation, "_world_size": world_size,
                                   "_time": time.time()})
-        return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at)
+        return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at,
+                           persist=bool(entry.persist))
 
-    async def part_persisted(self, worker_id: int, generation: int, index: int) -> None:
-        entry = self._ledger.mark_persisted(index, worker_id)
+    def _persist_due(self) -> bool:
+        """The persistence cadence: every Nth reported checkpoint, or once `persist_interval_s` passed."""
+        cfg, now = self._checkpointing, time.monotonic()
+        self._reports_since_persist += 1
+        due = (cfg.persist_every_n_reports is not None and self._reports_since_persist >= cfg.persist_every_n_reports) or (
+            cfg.persist_interval_s is not None and now - self._last_persist_chosen >= cfg.persist_interval_s
+        )
+        if due:
+            self._reports_since_persist, self._last_persist_chosen = 0, now
+        return due
+
+    async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
+        """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
+        entry = self._ledger.mark_persisted(index, worker_id, facts)
         if entry is None or entry.generation != generation or not entry.ready_to_commit:
             return
         entry.committed = True
-        manifest = {
-            "index": index,
-            "generation": entry.generation,
-            "world_size": entry.world_size,
-            "metrics": entry.metrics or {},
-            "files": sorted(entry.names),
-            "loader_states": entry.loader_states,
-        }
+        manifest = Manifest(
+            step=index,
+            generation=entry.generation,
+            world_size=entry.world_size,
+            files=entry.file_facts(),
+            metrics=entry.metrics or {},
+            loader_states=entry.loader_states,
+        )
         self._track(self._commit(index, manifest))
 
-    async def _commit(self, index: int, manifest: dict[str, Any]) -> None:
+    async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
+        """A worker could not store its part of checkpoint `index` before the retry deadline."""
+        entry = self._ledger.entries.get(index)
+        if entry is not None and entry.generation == generation:
+            entry.given_up = True
+        self._event("persist_given_up", worker_id=worker_id, index=index, reason=reason)
+
+    async def storage_failed(self, worker_id: int, message: str) -> None:
+        """A worker met a permanent storage error: the run cannot persist anything, so it fails."""
+        self._event("storage_failed", worker_id=worker_id, message=message)
+        if not self._state.terminal:
+            self._fail(message)
+            self._wake.set()
+
+    async def _commit(self, index: int, manifest: Manifest) -> None:
         loop = asyncio.get_running_loop()
-        committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
-        self._committed.append(committed)
-        self._committed.sort(key=lambda c: c.index)
-        for victim in self._retention_victims():
-            self._committed.remove(victim)
-            await loop.run_in_executor(None, self._storage.delete, victim.index)
+        try:
+            committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
+            self._committed.append(committed)
+            self._committed.sort(key=lambda c: c.index)
+            self._event("checkpoint_committed", index=index, files=len(manifest.files), bytes=manifest.total_bytes)
+            for torn in self._ledger.abandoned_before(index):
+                await loop.run_in_executor(None, self._storage.delete, torn)
+            for victim in self._retention_victims():
+                self._committed.remove(victim)
+                await loop.run_in_executor(None, self._storage.delete, victim.index)
+        except TransientStorageError as exc:
+            logger.warning("checkpoint %d: %s; training goes on", index, exc)
+            self._event("commit_given_up", index=index, reason=str(exc))
+        except StorageError as exc:
+            if not self._state.terminal:
+                self._fail(str(exc))
+                self._wake.set()
 
     def _retention_victims(self) -> list[CommittedCheckpoint]:
         """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point)."""

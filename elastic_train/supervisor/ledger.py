@@ -22,8 +22,10 @@ class ReportEntry:
     reported_ranks: set[int] = field(default_factory=set)
     metrics: dict[str, Any] | None = None
     loader_states: list[dict[str, Any]] = field(default_factory=list)
-    persisted_ranks: set[int] = field(default_factory=set)
+    persist: bool | None = None  # chosen by the persistence cadence when the first part is reported
+    persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # rank -> stored file facts
     committed: bool = False
+    given_up: bool = False  # a part could not be stored: this index will never commit
 
     @property
     def complete(self) -> bool:
@@ -35,7 +37,15 @@ class ReportEntry:
 
     @property
     def ready_to_commit(self) -> bool:
-        return self.complete and bool(self.parts) and set(self.parts) <= self.persisted_ranks and not self.committed
+        return (self.complete and bool(self.parts) and set(self.parts) <= set(self.persisted)
+                and not self.committed and not self.given_up)
+
+    def file_facts(self) -> dict[str, dict[str, Any]]:
+        """Size and checksum of every file, merged over the ranks by name (lowest rank first)."""
+        merged: dict[str, dict[str, Any]] = {}
+        for rank in sorted(self.persisted, reverse=True):
+            merged.update(self.persisted[rank])
+        return merged
 
 
 class CheckpointLedger:
@@ -63,12 +73,24 @@ class CheckpointLedger:
             entry.loader_states = loader_states
         return entry
 
-    def mark_persisted(self, index: int, worker_id: int) -> ReportEntry | None:
+    def mark_persisted(self, index: int, worker_id: int, facts: dict[str, dict[str, Any]]) -> ReportEntry | None:
         """Note that `worker_id` stored its part of checkpoint `index`; returns the entry, if still known."""
         entry = self.entries.get(index)
         if entry is not None:
-            entry.persisted_ranks.update(rank for rank, (wid, _) in entry.parts.items() if wid == worker_id)
+            for rank, (wid, _) in entry.parts.items():
+                if wid == worker_id:
+                    entry.persisted[rank] = facts
         return entry
+
+    def abandoned_before(self, index: int) -> list[int]:
+        """Older checkpoints that stored some parts but will never commit (a newer one has): their
+        folders are torn. Each is returned once."""
+        found = [i for i, e in self.entries.items()
+                 if i < index and not e.committed and e.persisted]
+        for i in found:
+            self.entries[i].persisted.clear()
+            self.entries[i].given_up = True
+        return sorted(found)
 
     def resume_plan(self, live_workers: set[int]) -> ResumePlan | None:
         """The newest checkpoint that live workers can serve whole from memory."""

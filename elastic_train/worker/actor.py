@@ -12,7 +12,6 @@ import os
 import socket
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,8 +20,10 @@ import torch.distributed as dist
 
 from elastic_train.config import ElasticConfig
 from elastic_train.protocol import Assignment, Exit, Outcome, Stop
-from elastic_train.storage import RunStorage
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.errors import StorageError
 from elastic_train.worker.heartbeat import HeartbeatSender
+from elastic_train.worker.persister import PartUpload, Persister
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
@@ -63,7 +64,7 @@ class TrainWorker:
         )
         self._generation: int | None = None
         self._superseded = threading.Event()
-        self._persister = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-persist")
+        self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed)
         ctx = ray.get_runtime_context()
         supervisor.worker_started.remote(worker_id, ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid())
 
@@ -95,7 +96,7 @@ class TrainWorker:
                 outcome = self._run_generation(place)
         finally:
             heartbeat.stop()
-            self._persister.shutdown(wait=True)
+            self._persister.close(self._spec.elastic.drain_timeout_s)
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
         generation = assignment.generation
@@ -112,9 +113,9 @@ class TrainWorker:
             self._supervisor,
             TrainContext(assignment, self._spec.storage.name, self._spec.storage.url()),
             self._memory,
-            self._persist,
+            self._persister.submit,
             self._superseded.is_set,
-            self._spec.storage.storage_options,
+            self._spec.storage,
         )
         set_session(session)
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
@@ -124,6 +125,7 @@ class TrainWorker:
                 self._spec.train_fn()
             else:
                 self._spec.train_fn(self._spec.train_config)
+            self._flush_last_checkpoint(session)
             outcome = Outcome(Exit.FINISHED, generation)
         except GenerationEnded:
             outcome = Outcome(Exit.UNWOUND, generation)
@@ -148,16 +150,25 @@ class TrainWorker:
             self._superseded.set()
             self._group.abort()
 
-    def _persist(self, generation: int, index: int, files: dict[str, bytes]) -> None:
-        self._persister.submit(self._write_part, generation, index, files)
+    def _flush_last_checkpoint(self, session: TrainSession) -> None:
+        """The loop returned: its last checkpoint goes to storage before the run ends, whatever the cadence."""
+        if session.unpersisted is not None:
+            self._persister.submit(session.unpersisted)
+        timeout = self._spec.elastic.persist_flush_timeout_s
+        if not self._persister.flush(timeout):
+            logger.warning("the last checkpoint did not reach storage within persist_flush_timeout_s=%ss", timeout)
 
-    def _write_part(self, generation: int, index: int, files: dict[str, bytes]) -> None:
-        try:
-            self._spec.storage.write_files(index, files, writer=f"w{self.worker_id}")
-        except Exception:  # noqa: BLE001 - storage trouble must not kill training
-            logger.exception("could not persist checkpoint %d", index)
-            return
-        self._supervisor.part_persisted.remote(self.worker_id, generation, index)
+    # -- the persister's callbacks (its thread) -------------------------------------------------
+    def _upload(self, part: PartUpload) -> None:
+        facts = self._spec.storage.write_part(part.index, part.files)
+        # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
+        ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts))
+
+    def _upload_given_up(self, part: PartUpload, error: StorageError) -> None:
+        self._supervisor.persist_given_up.remote(self.worker_id, part.generation, part.index, str(error))
+
+    def _storage_failed(self, part: PartUpload, error: StorageError) -> None:
+        self._supervisor.storage_failed.remote(self.worker_id, str(error))
 
 
 _COLLECTIVE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "nccl")

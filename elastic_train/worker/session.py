@@ -17,9 +17,10 @@ from typing import Any, Callable, Protocol
 
 import ray
 
-from elastic_train.checkpoint import Checkpoint, checkpoint_from_files
-from elastic_train.protocol import Assignment, ReportReply
-from elastic_train.storage import open_checkpoint
+from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.protocol import Assignment, ReportReply, ResumePlan
+from elastic_train.worker.persister import PartUpload
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +103,9 @@ class TrainSession:
         supervisor: Any,
         context: TrainContext,
         memory: CheckpointMemory,
-        persist: Callable[[int, int, dict[str, bytes]], None],
+        persist: Callable[[PartUpload], None],
         is_superseded: Callable[[], bool],
-        storage_options: dict[str, Any],
+        storage: RunStorage,
     ):
         self.worker_id = worker_id
         self.context = context
@@ -112,7 +113,8 @@ class TrainSession:
         self._memory = memory
         self._persist = persist
         self._is_superseded = is_superseded
-        self._storage_options = storage_options
+        self._storage = storage
+        self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -145,7 +147,10 @@ class TrainSession:
                            self.index, assignment.generation)
             raise GenerationEnded()
         if files is not None:
-            self._persist(assignment.generation, self.index, files)
+            part = PartUpload(assignment.generation, self.index, files)
+            self.unpersisted = None if reply.persist else part
+            if reply.persist:
+                self._persist(part)
         if reply.unwind:
             raise GenerationEnded()
 
@@ -167,8 +172,12 @@ class TrainSession:
         plan = self.context.assignment.resume
         if plan is None:
             return None
-        if plan.storage_path is not None:
-            return open_checkpoint(plan.storage_path, self._storage_options)
+        files = self._storage.read_verified(plan.stored) if plan.stored is not None else self._gather(plan)
+        self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
+        return checkpoint_from_files(files, self._scratch)
+
+    def _gather(self, plan: ResumePlan) -> dict[str, bytes]:
+        """The checkpoint's files from the memory of the survivors that hold them (this one included)."""
         files: dict[str, bytes] = {}
         remote = []
         for holder, names in plan.holders.items():
@@ -178,8 +187,7 @@ class TrainSession:
                 remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(plan.index, names))
         for part in ray.get(remote):
             files.update(part)
-        self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
-        return checkpoint_from_files(files, self._scratch)
+        return files
 
     def close(self) -> None:
         """The generation is over: remove what this session wrote to local disk."""

@@ -1,5 +1,8 @@
 """`Checkpoint`: a directory of files (local or in fsspec storage) or an in-memory dict.
 
+A checkpoint opened from a run's storage carries its manifest: reading it reads only the files the
+manifest lists, and checks each against its size and SHA-256.
+
 A dict checkpoint is stored as one file, `dict_checkpoint.pt`, written with `torch.save` and read
 back with `torch.load(weights_only=True)`, so nothing from a checkpoint is ever unpickled as code.
 Treating both kinds as files gives one merge rule for the parts that ranks report: files keep their
@@ -18,6 +21,7 @@ from typing import Any, Iterator
 import fsspec
 import torch
 
+from elastic_train.checkpoint.manifest import MANIFEST, Manifest
 from elastic_train.errors import CheckpointError
 
 DICT_FILE = "dict_checkpoint.pt"
@@ -42,9 +46,15 @@ def dict_from_bytes(raw: bytes) -> dict[str, Any]:
 class Checkpoint:
     """A reported or restored checkpoint (Ray Train's API)."""
 
-    def __init__(self, path: str | os.PathLike, filesystem: fsspec.AbstractFileSystem | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        filesystem: fsspec.AbstractFileSystem | None = None,
+        manifest: Manifest | None = None,
+    ):
         self.path = str(path)
         self.filesystem = filesystem or fsspec.filesystem("file")
+        self.manifest = manifest
         self._dict: dict[str, Any] | None = None
 
     @classmethod
@@ -52,6 +62,11 @@ class Checkpoint:
         """A checkpoint of the files under a local directory."""
         if not os.path.isdir(path):
             raise CheckpointError(f"Checkpoint.from_directory({str(path)!r}): no such directory.")
+        if os.path.exists(os.path.join(path, MANIFEST)):
+            raise CheckpointError(
+                f"Checkpoint.from_directory({str(path)!r}): {MANIFEST} is the name elastic_train gives its commit "
+                "record; rename that file."
+            )
         return cls(os.path.abspath(path))
 
     @classmethod
@@ -69,29 +84,36 @@ class Checkpoint:
             return {DICT_FILE: dict_to_bytes(self._dict)}
         fs = self.filesystem
         root = fs._strip_protocol(self.path).rstrip("/")
+        if self.manifest is None:
+            return {full[len(root) + 1 :]: fs.cat_file(full) for full in fs.find(root)}
         out = {}
-        for full in fs.find(root):
-            with fs.open(full, "rb") as f:
-                out[full[len(root) + 1 :]] = f.read()
+        for name in sorted(self.manifest.files):
+            try:
+                data = fs.cat_file(f"{root}/{name}")
+            except FileNotFoundError:
+                data = None
+            problem = self.manifest.problem(name, data)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint {self.path} is corrupt: {problem}")
+            out[name] = data
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """The dict this checkpoint was made from."""
         if self._dict is not None:
             return self._dict
-        target = f"{self.path.rstrip('/')}/{DICT_FILE}"
-        if not self.filesystem.exists(target):
+        files = self.files()
+        if DICT_FILE not in files:
             raise CheckpointError(
                 f"Checkpoint at {self.path} has no {DICT_FILE}: it is a directory checkpoint; "
                 "use as_directory() to read its files."
             )
-        with self.filesystem.open(target, "rb") as f:
-            return dict_from_bytes(f.read())
+        return dict_from_bytes(files[DICT_FILE])
 
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
         """A local directory holding the checkpoint's files (a temporary copy if it is remote)."""
-        if self._dict is None and is_local(self.filesystem):
+        if self._dict is None and self.manifest is None and is_local(self.filesystem):
             yield self.path
             return
         tmp = tempfile.mkdtemp(prefix="elastic_train_ckpt_")

@@ -1,0 +1,54 @@
+"""List, verify and load a run's committed checkpoints from outside the run (evaluation, export,
+inspection after a crash). A run is named by its folder, `Result.path`: `<storage_path>/<name>`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from elastic_train.checkpoint.checkpoint import Checkpoint
+from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.errors import CheckpointError
+
+
+def list_checkpoints(run_path: str, storage_options: Mapping[str, Any] | None = None) -> list[CommittedCheckpoint]:
+    """The run's committed checkpoints, oldest first; each with its manifest (step, world size,
+    generation, metrics, files with sizes and checksums). Torn ones (no manifest) are not listed."""
+    return RunStorage.at(run_path, storage_options).committed()
+
+
+def verify_checkpoint(
+    run_path: str, index: int | None = None, storage_options: Mapping[str, Any] | None = None
+) -> list[str]:
+    """What is wrong with checkpoint `index` (default: the newest committed); empty when it is whole."""
+    storage = RunStorage.at(run_path, storage_options)
+    return storage.verify(_pick(storage, index))
+
+
+def load_checkpoint(
+    run_path: str, index: int | None = None, storage_options: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """Checkpoint `index`, or by default the newest one whose files all verify (a corrupt newer one
+    is skipped with a warning naming the bad file). Reading it checks every file again."""
+    storage = RunStorage.at(run_path, storage_options)
+    if index is None:
+        whole, _ = storage.newest_whole(storage.committed())
+        if whole is None:
+            raise CheckpointError(f"{run_path} holds no whole committed checkpoint.")
+        chosen = whole
+    else:
+        chosen = _pick(storage, index)
+    return Checkpoint(storage.folder(chosen.index), storage.fs, chosen.manifest)
+
+
+def _pick(storage: RunStorage, index: int | None) -> CommittedCheckpoint:
+    committed = storage.committed()
+    if not committed:
+        raise CheckpointError(f"{storage.url()} holds no committed checkpoint.")
+    if index is None:
+        return committed[-1]
+    for checkpoint in committed:
+        if checkpoint.index == index:
+            return checkpoint
+    raise CheckpointError(
+        f"{storage.url()} has no committed checkpoint {index}; committed: {[c.index for c in committed]}."
+    )

@@ -1,0 +1,61 @@
+"""The commit record of a checkpoint: which files it holds (size and SHA-256 each), and what it is.
+
+Why: a checkpoint folder in an object store fills one object at a time, and a crash can stop it
+anywhere. The manifest is written last, after every part is stored; a folder without one is torn
+and never restored. Its sizes and checksums let a restore prove that each file is the one that was
+written, so a truncated or overwritten shard is found before any training state is built from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+MANIFEST = "elastic_train_manifest.json"
+FORMAT_VERSION = 1
+
+
+def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
+    """`{name: {"size", "sha256"}}` for files held in memory."""
+    return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
+
+
+@dataclass
+class Manifest:
+    """What a committed checkpoint holds. `step` is the report index the checkpoint was reported at."""
+
+    step: int
+    generation: int
+    world_size: int
+    files: dict[str, dict[str, Any]]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    loader_states: list[dict[str, Any]] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        raw = json.loads(text)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["size"] for f in self.files.values())
+
+    def problem(self, name: str, data: bytes | None) -> str | None:
+        """Why `data`, read as file `name`, is not what was committed; None when it is."""
+        expected = self.files[name]
+        if data is None:
+            return f"{name} is missing"
+        if len(data) != expected["size"]:
+            return f"{name} has {len(data)} bytes, the manifest says {expected['size']}"
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            return f"{name} does not match its SHA-256 in the manifest"
+        return None

@@ -1,0 +1,99 @@
+"""Uploads a worker's checkpoint parts in the background, one at a time, newest first.
+
+Why: `report(checkpoint=...)` must cost the training loop no more than an in-memory snapshot. The
+upload runs on this thread instead; at most one is in flight, and a newer snapshot replaces one
+still waiting (its state is older, so storing it would only delay the newer one). A storage outage
+therefore slows persistence, never training: the upload is retried (`checkpoint/retry.py`), and
+when its retry deadline passes the snapshot is given up, with a warning, for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from elastic_train.checkpoint.retry import TransientStorageError
+from elastic_train.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PartUpload:
+    """One rank's files of checkpoint `index`, reported in `generation`."""
+
+    generation: int
+    index: int
+    files: dict[str, bytes]
+
+
+class Persister:
+    """A single background thread with a one-slot queue."""
+
+    def __init__(
+        self,
+        upload: Callable[[PartUpload], None],
+        on_given_up: Callable[[PartUpload, StorageError], None],
+        on_failed: Callable[[PartUpload, StorageError], None],
+    ):
+        """`upload` stores a part (retrying transient errors itself); `on_given_up` hears of a part
+        given up after its retry deadline, `on_failed` of a permanent storage error."""
+        self._upload = upload
+        self._on_given_up = on_given_up
+        self._on_failed = on_failed
+        self._pending: PartUpload | None = None
+        self._busy = False
+        self._closed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="elastic-persist", daemon=True)
+        self._thread.start()
+
+    def submit(self, part: PartUpload) -> None:
+        with self._changed:
+            if self._pending is not None:
+                logger.info("checkpoint %d superseded by %d before its upload started", self._pending.index, part.index)
+            self._pending = part
+            self._changed.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every submitted part is stored or given up; False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._pending is None and not self._busy, timeout=max(0.0, deadline - time.monotonic())
+            )
+
+    def close(self, timeout_s: float) -> None:
+        """Flush, then stop the thread."""
+        if not self.flush(timeout_s):
+            logger.warning("checkpoint upload still running after %.0fs; leaving it unfinished", timeout_s)
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending is not None or self._closed)
+                if self._pending is None:
+                    return
+                part, self._pending, self._busy = self._pending, None, True
+            try:
+                self._upload(part)
+            except TransientStorageError as exc:
+                logger.warning("checkpoint %d not persisted, storage kept failing: %s; training goes on, the "
+                               "next checkpoint will be tried", part.index, exc)
+                self._on_given_up(part, exc)
+            except StorageError as exc:
+                logger.error("checkpoint %d cannot be persisted: %s", part.index, exc)
+                self._on_failed(part, exc)
+            except Exception as exc:  # noqa: BLE001 - an unexpected fault must not kill the thread
+                logger.exception("checkpoint %d upload failed", part.index)
+                self._on_failed(part, StorageError(f"uploading checkpoint {part.index} failed: {exc!r}"))
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
