@@ -6,7 +6,7 @@ The API mirrors Ray Train's, so code written for `ray.train` runs after changing
 from elastic_train.api import get_checkpoint, get_context, report
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
-from elastic_train.errors import CheckpointError, ConfigError, TrainingFailedError
+from elastic_train.errors import CheckpointError, ConfigError, StorageError, TrainingFailedError
 from elastic_train.result import Result
 from elastic_train.trainer import TorchTrainer
 from elastic_train import torch  # noqa: E402,F401 - `elastic_train.torch.prepare_model`, as `ray.train.torch`
@@ -25,5 +25,6 @@ __all__ = [
     "get_context",
     "ConfigError",
     "CheckpointError",
+    "StorageError",
     "TrainingFailedError",
 ]

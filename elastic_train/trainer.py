@@ -109,6 +109,11 @@ class TorchTrainer:
         name = run.name or f"TorchTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
         elastic = run.elastic_config or ElasticConfig()
         storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry())
+        if storage.process_local:
+            raise ConfigError(
+                f"storage_path {storage.storage_path!r}: memory:// is private to one process, and Ray workers run in "
+                "processes of their own. Use a local folder or an object store (s3://...)."
+            )
         storage.check_writable()
         spec = WorkerSpec(
             train_fn=self.train_loop_per_worker,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,45 @@ def run_dirs(tmp_path):
     log_dir = tmp_path / "log"
     log_dir.mkdir()
     return {"log_dir": str(log_dir), "storage": str(tmp_path / "storage")}
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 endpoint on 127.0.0.1: moto's server, as s3fs's own tests use."""
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def s3_options(endpoint: str) -> dict:
+    """s3fs options for a test endpoint; retries are ours (tenacity), so botocore's are kept short."""
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "endpoint_url": endpoint,
+        "client_kwargs": {"region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 2}, "connect_timeout": 5, "read_timeout": 20},
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
+    }
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A fresh bucket on the S3 endpoint: `{"url": "s3://<bucket>", "options": <storage_options>}`."""
+    import boto3
+
+    options = s3_options(s3_server)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    return {"url": f"s3://{bucket}", "options": options, "endpoint": s3_server}
 
 
 def pytest_configure(config):

@@ -146,3 +146,73 @@ def sharded_directory_loop(config: dict) -> None:
             Path(d, f"shard_{ctx.get_world_rank()}.txt").write_text(str(step))
             Path(d, "common.txt").write_text(str(step))
             et.report({"step": step}, checkpoint=et.Checkpoint.from_directory(d))
+
+
+def shard_payload(step: int, size: int) -> bytes:
+    """A shard's bytes at `step`: the step number repeated, so a reader can tell a whole shard of one step."""
+    return f"{step:08d}".encode() * (size // 8)
+
+
+def large_shard_loop(config: dict) -> None:
+    """Each rank reports `shard_<rank>.bin` (`shard_mb` MB) every step; on resume, logs what it got."""
+    import tempfile
+
+    ctx = et.get_context()
+    size = int(config["shard_mb"] * 2**20) // 8 * 8
+    start = 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            shards = {}
+            for name in sorted(os.listdir(d)):
+                data = Path(d, name).read_bytes()
+                steps = {data[i : i + 8] for i in range(0, len(data), 8)}
+                shards[name] = {"size": len(data), "steps": sorted(int(s) for s in steps)}
+            log_progress(config["log_dir"], rank=ctx.get_world_rank(), restored=shards, world=ctx.get_world_size())
+            start = shards[f"shard_{ctx.get_world_rank()}.bin"]["steps"][0]
+    end = start + config["steps_after_restore"] if checkpoint is not None else config["steps"]
+    for step in range(start + 1, end + 1):
+        time.sleep(config.get("step_time", 0.0))
+        log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(), step=step)
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, f"shard_{ctx.get_world_rank()}.bin").write_bytes(shard_payload(step, size))
+            et.report({"step": step}, checkpoint=et.Checkpoint.from_directory(d))
+
+
+def dcp_loop(config: dict) -> None:
+    """DDP + Adam, saved every step with `save_state` (DCP), resumed with `load_state` at any world size.
+
+    A global batch of 24 samples is split evenly over the ranks, so the math does not depend on the
+    world size (up to float rounding). After a load, rank 0 saves the loaded parameters to the log dir.
+    """
+    import tempfile
+
+    from elastic_train.torch.state import load_state, save_state
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ddp = prepare_model(model)
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    ctx = et.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    start = 0
+    checkpoint = et.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            start = load_state(d, ddp, optimizer)["step"]
+        if rank == 0:
+            torch.save({k: v.clone() for k, v in model.state_dict().items()},
+                       Path(config["log_dir"], f"loaded_world{world}_step{start}.pt"))
+    per_rank = 24 // world
+    for step in range(start + 1, config["steps"] + 1):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(24, 6, generator=g)
+        y = x.sum(dim=1, keepdim=True).sin()
+        xs, ys = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+        loss = torch.nn.functional.mse_loss(ddp(xs), ys)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with tempfile.TemporaryDirectory() as d:
+            save_state(d, ddp, optimizer, extra={"step": step})
+            et.report({"step": step, "loss": loss.item()}, checkpoint=et.Checkpoint.from_directory(d))

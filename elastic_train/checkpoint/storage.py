@@ -84,6 +84,12 @@ class RunStorage:
             raise ConfigError(f"{run_path!r} is not a run folder: expected <storage_path>/<run name>.")
         return cls(parent, name, storage_options, **kwargs)
 
+    @property
+    def process_local(self) -> bool:
+        """True for stores that only the process that made them can see (memory://)."""
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        return "memory" in protocols
+
     def url(self, *parts: str) -> str:
         path = posixpath.join(self.root, *parts)
         return path if is_local(self.fs) else self.fs.unstrip_protocol(path)
@@ -178,16 +184,16 @@ class RunStorage:
 
     def newest_whole(
         self, checkpoints: list[CommittedCheckpoint]
-    ) -> tuple[CommittedCheckpoint | None, list[CommittedCheckpoint]]:
-        """The newest of `checkpoints` whose files all verify, and the newer ones that did not
-        (each logged with what is wrong with it)."""
+    ) -> tuple[CommittedCheckpoint | None, list[tuple[CommittedCheckpoint, list[str]]]]:
+        """The newest of `checkpoints` whose files all verify, and the newer ones that did not, with
+        what is wrong with each (also logged)."""
         corrupt = []
         for checkpoint in reversed(checkpoints):
             problems = self.verify(checkpoint)
             if not problems:
                 return checkpoint, corrupt
             logger.warning("checkpoint %s is corrupt, skipped: %s", checkpoint.path, "; ".join(problems))
-            corrupt.append(checkpoint)
+            corrupt.append((checkpoint, problems))
         return None, corrupt
 
     # -- removing -------------------------------------------------------------------------------

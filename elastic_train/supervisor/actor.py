@@ -83,6 +83,7 @@ class Supervisor:
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._committed: list[CommittedCheckpoint] = []
         self._reports_since_persist = 0
+        self._persisting: int | None = None  # the checkpoint chosen for storage and not yet committed
         self._last_persist_chosen = time.monotonic()
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
@@ -117,9 +118,10 @@ class Supervisor:
         goes on from the whole one and will write those indices again."""
         committed = self._storage.committed()
         whole, corrupt = self._storage.newest_whole(committed)
-        self._committed = [c for c in committed if c not in corrupt]
-        for c in corrupt:
-            self._event("checkpoint_corrupt", index=c.index, path=c.path)
+        bad = {c.index for c, _ in corrupt}
+        self._committed = [c for c in committed if c.index not in bad]
+        for c, problems in corrupt:
+            self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
         self._sweep_torn()
         if whole is not None:
             self._event("restored_from_storage", index=whole.index, path=whole.path)
@@ -250,6 +252,7 @@ class Supervisor:
         self._ledger.rewind(resume.index if resume else 0)
         self._max_index = resume.index if resume else 0
         self._resize_at = None
+        self._persisting = None  # a part of it may have died with a lost worker
         master = next(w for w in chosen if placements[w.worker_id].rank == 0)
         peers = {w.worker_id: w.actor for w in chosen}
         for w in chosen:
@@ -445,7 +448,7 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         if names is not None and entry.persist is None:
-            entry.persist = self._persist_due()
+            entry.persist = self._persist_due(index)
         self._max_index = max(self._max_index, index)
         if metrics is not None:
             self._metrics = dict(metrics)
@@ -454,16 +457,24 @@ class Supervisor:
         return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at,
                            persist=bool(entry.persist))
 
-    def _persist_due(self) -> bool:
-        """The persistence cadence: every Nth reported checkpoint, or once `persist_interval_s` passed."""
+    def _persist_due(self, index: int) -> bool:
+        """The persistence cadence: every Nth reported checkpoint, or once `persist_interval_s` passed;
+        and only when no chosen checkpoint is still on its way to storage. All ranks get the same
+        answer for an index, so their uploads stay aligned however slow the storage is."""
         cfg, now = self._checkpointing, time.monotonic()
         self._reports_since_persist += 1
         due = (cfg.persist_every_n_reports is not None and self._reports_since_persist >= cfg.persist_every_n_reports) or (
             cfg.persist_interval_s is not None and now - self._last_persist_chosen >= cfg.persist_interval_s
         )
-        if due:
-            self._reports_since_persist, self._last_persist_chosen = 0, now
-        return due
+        if not due or self._persisting is not None:
+            return False
+        self._reports_since_persist, self._last_persist_chosen, self._persisting = 0, now, index
+        return True
+
+    def _persist_settled(self, index: int) -> None:
+        """Checkpoint `index` committed or was given up: the next one may be chosen."""
+        if self._persisting == index:
+            self._persisting = None
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
@@ -486,6 +497,7 @@ class Supervisor:
         entry = self._ledger.entries.get(index)
         if entry is not None and entry.generation == generation:
             entry.given_up = True
+            self._persist_settled(index)
         self._event("persist_given_up", worker_id=worker_id, index=index, reason=reason)
 
     async def storage_failed(self, worker_id: int, message: str) -> None:
@@ -502,6 +514,7 @@ class Supervisor:
             self._committed.append(committed)
             self._committed.sort(key=lambda c: c.index)
             self._event("checkpoint_committed", index=index, files=len(manifest.files), bytes=manifest.total_bytes)
+            self._persist_settled(index)
             for torn in self._ledger.abandoned_before(index):
                 await loop.run_in_executor(None, self._storage.delete, torn)
             for victim in self._retention_victims():
@@ -509,6 +522,7 @@ class Supervisor:
                 await loop.run_in_executor(None, self._storage.delete, victim.index)
         except TransientStorageError as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
+            self._persist_settled(index)
             self._event("commit_given_up", index=index, reason=str(exc))
         except StorageError as exc:
             if not self._state.terminal:
