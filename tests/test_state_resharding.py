@@ -67,3 +67,19 @@ def test_state_saved_at_one_world_size_loads_at_another(local_ray, run_dirs):
     for key, value in _params(_fit(run_dirs, "2_to_4", 4, 2 * STEPS)).items():
         torch.testing.assert_close(value, reference[key], rtol=1e-5, atol=1e-6)
     assert _params(at_2).keys() == saved.keys()
+
+
+@pytest.mark.timeout(30)
+def test_load_state_refuses_code_in_checkpoint_metadata(tmp_path):
+    import os
+    import pickle
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(et.CheckpointError, match="refusing to load"):
+        load_state(tmp_path, model)
+    assert not (tmp_path / "pwned").exists()

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import ReadItem
@@ -125,12 +126,15 @@ def load_state(
     state: dict[str, Any] = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optim_state
-    dcp.load(
-        state,
-        storage_reader=SafeFileSystemReader(str(directory)),
-        planner=SafeLoadPlanner(),
-        no_dist=not dist.is_initialized(),
-    )
+    try:
+        dcp.load(
+            state,
+            storage_reader=SafeFileSystemReader(str(directory)),
+            planner=SafeLoadPlanner(),
+            no_dist=not dist.is_initialized(),
+        )
+    except CheckpointException as exc:
+        raise CheckpointError(f"loading the state in {directory} failed: {exc}") from exc
     set_state_dict(model, optimizer or [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}))
     extra_path = pathlib.Path(directory, EXTRA_FILE)

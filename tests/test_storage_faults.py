@@ -1,0 +1,85 @@
+"""A storage outage delays persistence, never training: transient S3 faults (errors, dropped
+connections, latency; injected by a proxy in front of the S3 endpoint) are retried, a permanent
+one fails the run with a clear error, and nothing committed is lost either way."""
+
+from __future__ import annotations
+
+import pytest
+
+import elastic_train as et
+from chaos.storage_proxy import FaultyStorageProxy, StorageFaults
+from elastic_train.checkpoint import list_checkpoints, verify_checkpoint
+from tests.helpers import fit_in_background, wait_for
+from tests.loops import sharded_directory_loop
+
+UPLOADS = frozenset({"PUT", "POST"})
+
+
+@pytest.fixture
+def proxy(s3_bucket):
+    with FaultyStorageProxy(s3_bucket["endpoint"], seed=7) as running:
+        yield running
+
+
+def _trainer(run_dirs: dict, s3_bucket: dict, proxy: FaultyStorageProxy, steps: int, step_time: float,
+             **elastic) -> et.TorchTrainer:
+    return et.TorchTrainer(
+        sharded_directory_loop,
+        train_loop_config={"log_dir": run_dirs["log_dir"], "steps": steps, "step_time": step_time},
+        scaling_config=et.ScalingConfig(num_workers=2),
+        run_config=et.RunConfig(
+            storage_path=s3_bucket["url"], name="run",
+            storage_options={**s3_bucket["options"], "endpoint_url": proxy.url},
+            elastic_config=et.ElasticConfig(**elastic),
+        ),
+    )
+
+
+def _whole_checkpoints(result: et.Result, s3_bucket: dict) -> list[int]:
+    committed = list_checkpoints(result.path, s3_bucket["options"])
+    for checkpoint in committed:
+        assert verify_checkpoint(result.path, checkpoint.index, s3_bucket["options"]) == []
+    return [c.index for c in committed]
+
+
+@pytest.mark.timeout(240)
+def test_transient_storage_faults_are_retried_and_training_completes(local_ray, run_dirs, s3_bucket, proxy):
+    proxy.set_faults(StorageFaults(error_rate=0.3, error_status=503, drop_rate=0.1, latency_s=0.05, methods=UPLOADS))
+    result = _trainer(run_dirs, s3_bucket, proxy, steps=20, step_time=0.05).fit()
+    proxy.clear()
+    assert result.error is None, result.error
+    assert [h["step"] for h in result.metrics_history] == list(range(1, 21))
+    assert proxy.stats["faults"].get("error", 0) > 0 and proxy.stats["faults"].get("drop", 0) > 0, proxy.stats
+    committed = _whole_checkpoints(result, s3_bucket)
+    assert committed[-1] == 20, committed  # the final checkpoint reached storage before fit() returned
+    with result.checkpoint.as_directory() as d, open(f"{d}/shard_1.txt") as f:
+        assert f.read() == "20"
+
+
+@pytest.mark.timeout(240)
+def test_slow_storage_delays_persistence_not_training(local_ray, run_dirs, s3_bucket, proxy):
+    proxy.set_faults(StorageFaults(latency_s=1.0, methods=UPLOADS))
+    result = _trainer(run_dirs, s3_bucket, proxy, steps=30, step_time=0.05).fit()
+    assert result.error is None, result.error
+    assert [h["step"] for h in result.metrics_history] == list(range(1, 31))
+    committed = _whole_checkpoints(result, s3_bucket)
+    # Reports did not wait for uploads: while one checkpoint was on its way, newer ones lived in
+    # memory only; the last one was flushed at the end.
+    assert committed[-1] == 30 and len(committed) < 15, committed
+
+
+@pytest.mark.timeout(240)
+def test_a_permanent_storage_fault_fails_clearly_and_keeps_what_was_committed(local_ray, run_dirs, s3_bucket, proxy):
+    join = fit_in_background(_trainer(run_dirs, s3_bucket, proxy, steps=10_000, step_time=0.05))
+    run = f"{s3_bucket['url']}/run"
+    before = wait_for(lambda: len(c := list_checkpoints(run, s3_bucket["options"])) >= 2 and c, 120,
+                      "two committed checkpoints")
+    proxy.set_faults(StorageFaults(outage_status=403, methods=UPLOADS))
+    result = join(120)
+    proxy.clear()
+    assert isinstance(result.error, et.TrainingFailedError)
+    assert "PermissionError" in str(result.error) and "credentials" in str(result.error), result.error
+    assert proxy.stats["faults"].get("outage", 0) > 0
+    after = _whole_checkpoints(result, s3_bucket)
+    assert {c.index for c in before} <= set(after)
+    assert result.metrics["step"] > before[-1].index  # training went on until the outage
