@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import ray
@@ -17,12 +18,16 @@ from tests.loops import large_shard_loop
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    ray.init(address=args["address"], runtime_env=ray_runtime_env())
+    # Storage credentials and endpoint come from the standard AWS environment variables, handed on to
+    # the run's actors as a user would.
+    runtime_env = ray_runtime_env()
+    runtime_env["env_vars"].update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    ray.init(address=args["address"], runtime_env=runtime_env)
     et.TorchTrainer(
         large_shard_loop,
         train_loop_config=args["config"],
         scaling_config=et.ScalingConfig(num_workers=args["workers"], resources_per_worker={"CPU": 0.5}),
-        run_config=et.RunConfig(storage_path=args["storage"], name=args["name"], storage_options=args["options"]),
+        run_config=et.RunConfig(storage_path=args["storage"], name=args["name"]),
     ).fit()
 
 

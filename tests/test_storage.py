@@ -47,10 +47,11 @@ def test_driver_killed_while_writing_resumes_from_a_whole_checkpoint(local_ray, 
     fs = s3fs.S3FileSystem(**s3_bucket["options"])
     run = f"{s3_bucket['url'][5:]}/run"
     args = {"address": ray.get_runtime_context().gcs_address, "storage": s3_bucket["url"], "name": "run",
-            "options": s3_bucket["options"], "workers": 4,
-            "config": {"log_dir": run_dirs["log_dir"], "steps": 10_000, "shard_mb": SHARD_MB}}
+            "workers": 4, "config": {"log_dir": run_dirs["log_dir"], "steps": 10_000, "shard_mb": SHARD_MB}}
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": s3_bucket["endpoint"]}
     driver = subprocess.Popen([sys.executable, "-m", "tests.driver", json.dumps(args)], cwd=ROOT,
-                              env={**os.environ, **ray_runtime_env()["env_vars"]})
+                              env={**os.environ, **ray_runtime_env()["env_vars"], **aws})
     try:
         # Kill the driver while a checkpoint is half written, after at least one was committed.
         committed, torn = wait_for(lambda: (f := _folders(fs, run))[0] and f[1] and f, 180,
