@@ -174,6 +174,14 @@ class ElasticConfig:
     """How long one storage operation is retried; then that checkpoint is given up (training goes on)."""
     persist_flush_timeout_s: float = 600.0
     """How long a finishing worker waits for its last checkpoint to reach storage."""
+    preemption_sigterm: bool = True
+    """Treat SIGTERM to a worker process as a preemption notice (drain it) rather than a crash."""
+    preemption_pollers: tuple[str, ...] = ()
+    """Cloud metadata endpoints to poll for preemption notices: any of "aws", "gcp", "azure"."""
+    preemption_metadata_url: str | None = None
+    """Base URL of the metadata service, instead of each cloud's own (a proxy, or a test server)."""
+    preemption_poll_interval_s: float = 1.0
+    """How often the pollers ask for a preemption notice."""
 
     def storage_retry(self) -> RetryPolicy:
         return RetryPolicy(self.storage_retry_initial_s, self.storage_retry_max_s, self.storage_retry_deadline_s)
@@ -186,6 +194,11 @@ class ElasticConfig:
             raise ConfigError(
                 f"ElasticConfig.heartbeat_timeout_s={self.heartbeat_timeout_s} must exceed twice "
                 f"heartbeat_interval_s={self.heartbeat_interval_s}, or healthy workers would be dropped."
+            )
+        unknown = set(self.preemption_pollers) - {"aws", "gcp", "azure"}
+        if unknown:
+            raise ConfigError(
+                f"ElasticConfig.preemption_pollers has {sorted(unknown)}: use any of 'aws', 'gcp', 'azure'."
             )
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")

@@ -32,6 +32,7 @@ class ResumePlan:
     holders: dict[int, list[str]] = field(default_factory=dict)  # worker id -> files it serves from memory
     stored: Any = None  # the CommittedCheckpoint in storage to load, when no survivor holds a newer one
     loader_states: list[dict[str, Any]] = field(default_factory=list)  # prepare_data_loader positions
+    generation: int = -1  # the generation that reported it
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Stop:
     """The run is over for this worker."""
 
     reason: str
+    flush: ResumePlan | None = None  # store this worker's files of this checkpoint before leaving
 
 
 @dataclass
@@ -68,3 +70,4 @@ class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized
     persist: bool = False  # store this checkpoint (the persistence cadence chose it)
+    supersedable: bool = True  # a newer checkpoint may replace it before its upload starts

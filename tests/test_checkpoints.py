@@ -23,7 +23,7 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
         ledger.record(0, 2, index, 1, worker_id=11, names=["model.pt", "shard_1"], metrics=None, loader_states=[])
     ledger.record(0, 2, 3, 0, worker_id=10, names=["model.pt", "shard_0"], metrics={}, loader_states=[])
     # Index 3 is incomplete (rank 1 never reported it): the newest whole one is 2.
-    assert ledger.resume_plan({10, 11}) == ResumePlan(2, {10: ["model.pt", "shard_0"], 11: ["shard_1"]})
+    assert ledger.resume_plan({10, 11}) == ResumePlan(2, {10: ["model.pt", "shard_0"], 11: ["shard_1"]}, generation=0)
     # Without worker 11, shard_1 is held by nobody: no checkpoint can be served from memory.
     assert ledger.resume_plan({10}) is None
     ledger.rewind(1)

@@ -84,6 +84,7 @@ class Supervisor:
         self._committed: list[CommittedCheckpoint] = []
         self._reports_since_persist = 0
         self._persisting: int | None = None  # the checkpoint chosen for storage and not yet committed
+        self._final_flush: ResumePlan | None = None  # what a failed run's survivors store before they stop
         self._last_persist_chosen = time.monotonic()
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
@@ -144,7 +145,7 @@ class Supervisor:
             self._step_restarting(now)
 
     def _step_scheduling(self, now: float) -> None:
-        parked = self._with(WorkerStatus.PARKED)
+        parked = [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
         starting = self._with(WorkerStatus.STARTING)
         waited = now - self._entered
         enough = len(parked) >= self._scaling.min_workers
@@ -180,7 +181,11 @@ class Supervisor:
                 self._restart("worker lost" if lost else "collective failed")
         elif self._state is RunState.RESIZING:
             if all(m.exited is Exit.UNWOUND for m in members):
-                self._open_generation(members + self._standby())
+                candidates = [w for w in members + self._standby() if not w.draining]
+                if len(candidates) >= self._scaling.min_workers:
+                    self._open_generation(candidates)
+                else:
+                    self._transition(RunState.SCHEDULING, reason="below min workers after a drain")
         elif self._standby() and len(members) < self._scaling.max_workers:
             self._resize_at = self._max_index + 1
             self._event("resize_requested", at_report=self._resize_at, standby=len(self._standby()))
@@ -197,7 +202,7 @@ class Supervisor:
         self._count_user_errors()
         if self._state.terminal:
             return
-        parked = self._with(WorkerStatus.PARKED)
+        parked = [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
         if len(parked) >= self._scaling.min_workers:
             self._open_generation(parked)
         else:
@@ -247,14 +252,15 @@ class Supervisor:
         placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
         self._generation += 1
         self._world_size = len(chosen)
-        live = {w.worker_id for w in chosen}
-        resume = self._resume_plan(live)
+        # Workers being drained still serve their checkpoint files from memory to the new generation.
+        draining = [w for w in self._workers.values() if w.draining and w.status is WorkerStatus.PARKED]
+        resume = self._resume_plan({w.worker_id for w in chosen + draining})
         self._ledger.rewind(resume.index if resume else 0)
         self._max_index = resume.index if resume else 0
         self._resize_at = None
         self._persisting = None  # a part of it may have died with a lost worker
         master = next(w for w in chosen if placements[w.worker_id].rank == 0)
-        peers = {w.worker_id: w.actor for w in chosen}
+        peers = {w.worker_id: w.actor for w in chosen + draining}
         for w in chosen:
             p = placements[w.worker_id]
             w.status, w.generation, w.rank, w.outcome = WorkerStatus.MEMBER, self._generation, p.rank, None
@@ -273,6 +279,8 @@ class Supervisor:
             self._release(w, assignment)
         for w in self._with(WorkerStatus.PARKED):
             w.rank = -1  # standby beyond max: not a member of this generation
+        for w in draining:
+            self._release(w, Stop("drained before preemption"))
         self._event(
             "generation",
             generation=self._generation,
@@ -351,20 +359,34 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
             self._lose(worker, f"worker runtime failed: {exc!r}")
         else:
-            return
+            if not worker.draining:
+                return
+            worker.status = WorkerStatus.LOST  # drained: its replacement may start where capacity is
         worker.status = WorkerStatus.LOST
         worker.actor = None
         self._top_up_workers()
 
+    def _stop(self, reason: str) -> Stop:
+        """The Stop for a worker when the run ends; a failed run's survivors store the newest
+        checkpoint they hold in memory if it is newer than the last committed one."""
+        return Stop(reason, flush=self._final_flush)
+
     async def _shut_down(self) -> None:
         reason = "run finished" if self._state is RunState.FINISHED else "run failed"
+        if self._state is RunState.ERRORED:
+            live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
+            newest = self._ledger.resume_plan(live)
+            stored = self._committed[-1].index if self._committed else 0
+            self._final_flush = newest if newest is not None and newest.index > stored else None
         for w in self._workers.values():
-            self._release(w, Stop(reason))
+            self._release(w, self._stop(reason))
             if w.status in (WorkerStatus.PENDING, WorkerStatus.LOST) and w.actor is not None:
                 ray.kill(w.actor)
         self._event("run_ended", state=self._state.value)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.
-        deadline = time.monotonic() + self._elastic.drain_timeout_s
+        flushing = self._final_flush is not None
+        deadline = time.monotonic() + self._elastic.drain_timeout_s + (
+            self._elastic.persist_flush_timeout_s if flushing else 0.0)
         while self._tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
         loop = asyncio.get_running_loop()
@@ -407,7 +429,7 @@ class Supervisor:
         """A worker left its generation (or is new) and waits for its next place."""
         w = self._workers[worker_id]
         if self._state.terminal:
-            return Stop("run is over")
+            return self._stop("run is over")
         if w.status is WorkerStatus.LOST:
             if w.actor is None:
                 return Stop("this worker was declared dead")
@@ -455,18 +477,24 @@ class Supervisor:
             self._history.append({**metrics, "_index": index, "_generation": generation, "_world_size": world_size,
                                   "_time": time.time()})
         return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at,
-                           persist=bool(entry.persist))
+                           persist=bool(entry.persist),
+                           supersedable=self._checkpointing.checkpoint_score_attribute is None)
 
     def _persist_due(self, index: int) -> bool:
         """The persistence cadence: every Nth reported checkpoint, or once `persist_interval_s` passed;
         and only when no chosen checkpoint is still on its way to storage. All ranks get the same
-        answer for an index, so their uploads stay aligned however slow the storage is."""
+        answer for an index, so their uploads stay aligned however slow the storage is. Checkpoints
+        kept by score are all stored: any of them may be among the best."""
         cfg, now = self._checkpointing, time.monotonic()
         self._reports_since_persist += 1
         due = (cfg.persist_every_n_reports is not None and self._reports_since_persist >= cfg.persist_every_n_reports) or (
             cfg.persist_interval_s is not None and now - self._last_persist_chosen >= cfg.persist_interval_s
         )
-        if not due or self._persisting is not None:
+        if not due:
+            return False
+        if cfg.checkpoint_score_attribute is not None:
+            return True  # kept by score: skipping one could lose the best; every chosen one is stored in order
+        if self._persisting is not None:
             return False
         self._reports_since_persist, self._last_persist_chosen, self._persisting = 0, now, index
         return True
@@ -499,6 +527,26 @@ class Supervisor:
             entry.given_up = True
             self._persist_settled(index)
         self._event("persist_given_up", worker_id=worker_id, index=index, reason=reason)
+
+    async def preemption_notice(self, worker_id: int, source: str, seconds_left: float | None) -> None:
+        """A worker's machine is about to go: re-form the group without it at the next report,
+        while it still serves its checkpoint from memory."""
+        w = self._workers[worker_id]
+        if w.draining or w.status is WorkerStatus.LOST:
+            return
+        w.draining = True
+        self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
+                    seconds_left=seconds_left)
+        if self._state is RunState.RUNNING and self._is_member(w):
+            self._resize_at = self._max_index + 1
+            self._transition(RunState.RESIZING, reason=f"worker {worker_id} preempted")
+        elif not self._is_member(w):
+            self._release(w, Stop("drained before preemption"))  # a standby: nothing to hand over
+        self._wake.set()
+
+    async def worker_actor(self, worker_id: int) -> Any:
+        """The actor handle of a worker (for fault injectors attached from outside)."""
+        return self._workers[worker_id].actor
 
     async def storage_failed(self, worker_id: int, message: str) -> None:
         """A worker met a permanent storage error: the run cannot persist anything, so it fails."""

@@ -23,7 +23,7 @@ class ReportEntry:
     metrics: dict[str, Any] | None = None
     loader_states: list[dict[str, Any]] = field(default_factory=list)
     persist: bool | None = None  # chosen by the persistence cadence when the first part is reported
-    persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # rank -> stored file facts
+    persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # worker id -> stored file facts
     committed: bool = False
     given_up: bool = False  # a part could not be stored: this index will never commit
 
@@ -37,14 +37,14 @@ class ReportEntry:
 
     @property
     def ready_to_commit(self) -> bool:
-        return (self.complete and bool(self.parts) and set(self.parts) <= set(self.persisted)
+        return (self.complete and bool(self.parts) and self.names <= set(self.file_facts())
                 and not self.committed and not self.given_up)
 
     def file_facts(self) -> dict[str, dict[str, Any]]:
-        """Size and checksum of every file, merged over the ranks by name (lowest rank first)."""
+        """Size and checksum of every stored file, merged over the workers that stored them by name."""
         merged: dict[str, dict[str, Any]] = {}
-        for rank in sorted(self.persisted, reverse=True):
-            merged.update(self.persisted[rank])
+        for facts in self.persisted.values():
+            merged.update(facts)
         return merged
 
 
@@ -77,9 +77,7 @@ class CheckpointLedger:
         """Note that `worker_id` stored its part of checkpoint `index`; returns the entry, if still known."""
         entry = self.entries.get(index)
         if entry is not None:
-            for rank, (wid, _) in entry.parts.items():
-                if wid == worker_id:
-                    entry.persisted[rank] = facts
+            entry.persisted[worker_id] = facts
         return entry
 
     def abandoned_before(self, index: int) -> list[int]:
@@ -107,7 +105,8 @@ class CheckpointLedger:
                     break
                 holders.setdefault(holder, []).append(name)
             else:
-                return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states)
+                return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
+                                  generation=entry.generation)
         return None
 
     def rewind(self, index: int) -> None:

@@ -34,6 +34,7 @@ class WorkerRecord:
     lost_reason: str = ""
     facts: dict[str, float] = field(default_factory=dict)
     waiting: asyncio.Future | None = None  # resolved with the worker's next Assignment or Stop
+    draining: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
 
     @property
     def exited(self) -> Exit | None:

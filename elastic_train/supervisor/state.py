@@ -28,7 +28,8 @@ class RunState(str, enum.Enum):
 _ALLOWED = {
     RunState.SCHEDULING: {RunState.RUNNING, RunState.ERRORED},
     RunState.RUNNING: {RunState.RESIZING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
-    RunState.RESIZING: {RunState.RUNNING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
+    RunState.RESIZING: {RunState.RUNNING, RunState.RESTARTING, RunState.SCHEDULING, RunState.FINISHED,
+                        RunState.ERRORED},
     RunState.RESTARTING: {RunState.RUNNING, RunState.SCHEDULING, RunState.FINISHED, RunState.ERRORED},
     RunState.FINISHED: set(),
     RunState.ERRORED: set(),

@@ -69,6 +69,11 @@ class ElasticDataLoader:
         self._epoch, self._position = 0, 0
         self._started = False
 
+    @property
+    def epoch(self) -> int:
+        """The epoch being walked; before the first `iter()`, the one a resumed loader goes on in."""
+        return self._epoch
+
     def resume_from(self, state: dict[str, Any] | None) -> None:
         if state:
             self._epoch, self._position = state["epoch"], state["position"]

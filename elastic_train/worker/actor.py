@@ -24,6 +24,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartUpload, Persister
+from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
@@ -65,8 +66,18 @@ class TrainWorker:
         self._generation: int | None = None
         self._superseded = threading.Event()
         self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed)
+        elastic = spec.elastic
+        self._notices = NoticeWatcher(
+            self._on_preemption_notice,
+            make_pollers(elastic.preemption_pollers, elastic.preemption_metadata_url),
+            elastic.preemption_poll_interval_s,
+            elastic.preemption_sigterm,
+        )
         ctx = ray.get_runtime_context()
-        supervisor.worker_started.remote(worker_id, ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+        # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
+        # of one process are not ordered).
+        ray.get(supervisor.worker_started.remote(worker_id, ctx.get_node_id(), ray.util.get_node_ip_address(),
+                                                 os.getpid()))
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
@@ -75,6 +86,9 @@ class TrainWorker:
     def abort_generation(self, generation: int) -> None:
         """The supervisor ends `generation`: fail its collectives so the loop unwinds."""
         self._on_superseded(generation)
+
+    def _on_preemption_notice(self, source: str, seconds_left: float | None) -> None:
+        self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
 
     def read_checkpoint(self, index: int, names: list[str]) -> dict[str, bytes]:
         return self._memory.get(index, names)
@@ -92,10 +106,12 @@ class TrainWorker:
                 place = ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
                 if isinstance(place, Stop):
                     logger.info("worker %d stops: %s", self.worker_id, place.reason)
+                    self._flush_on_stop(place)
                     return place.reason
                 outcome = self._run_generation(place)
         finally:
             heartbeat.stop()
+            self._notices.stop()
             self._persister.close(self._spec.elastic.drain_timeout_s)
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
@@ -125,6 +141,7 @@ class TrainWorker:
                 self._spec.train_fn()
             else:
                 self._spec.train_fn(self._spec.train_config)
+            session.finish()
             self._flush_last_checkpoint(session)
             outcome = Outcome(Exit.FINISHED, generation)
         except GenerationEnded:
@@ -157,6 +174,18 @@ class TrainWorker:
         timeout = self._spec.elastic.persist_flush_timeout_s
         if not self._persister.flush(timeout):
             logger.warning("the last checkpoint did not reach storage within persist_flush_timeout_s=%ss", timeout)
+
+    def _flush_on_stop(self, stop: Stop) -> None:
+        """Store this worker's share of the checkpoint that a failed run leaves behind."""
+        plan = stop.flush
+        if plan is None or self.worker_id not in plan.holders:
+            return
+        try:
+            files = self._memory.get(plan.index, plan.holders[self.worker_id])
+        except KeyError:
+            return
+        self._persister.submit(PartUpload(plan.generation, plan.index, files))
+        self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
 
     # -- the persister's callbacks (its thread) -------------------------------------------------
     def _upload(self, part: PartUpload) -> None:

@@ -9,6 +9,7 @@ when its retry deadline passes the snapshot is given up, with a warning, for the
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -28,10 +29,11 @@ class PartUpload:
     generation: int
     index: int
     files: dict[str, bytes]
+    supersedable: bool = True  # a newer part may replace it while it waits
 
 
 class Persister:
-    """A single background thread with a one-slot queue."""
+    """A single background thread; parts wait in order, a supersedable one is replaced by the next."""
 
     def __init__(
         self,
@@ -44,7 +46,7 @@ class Persister:
         self._upload = upload
         self._on_given_up = on_given_up
         self._on_failed = on_failed
-        self._pending: PartUpload | None = None
+        self._pending: collections.deque[PartUpload] = collections.deque()
         self._busy = False
         self._closed = False
         self._changed = threading.Condition()
@@ -53,9 +55,11 @@ class Persister:
 
     def submit(self, part: PartUpload) -> None:
         with self._changed:
-            if self._pending is not None:
-                logger.info("checkpoint %d superseded by %d before its upload started", self._pending.index, part.index)
-            self._pending = part
+            if self._pending and self._pending[-1].supersedable:
+                logger.info("checkpoint %d superseded by %d before its upload started", self._pending[-1].index,
+                            part.index)
+                self._pending.pop()
+            self._pending.append(part)
             self._changed.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
@@ -63,7 +67,7 @@ class Persister:
         deadline = time.monotonic() + timeout_s
         with self._changed:
             return self._changed.wait_for(
-                lambda: self._pending is None and not self._busy, timeout=max(0.0, deadline - time.monotonic())
+                lambda: not self._pending and not self._busy, timeout=max(0.0, deadline - time.monotonic())
             )
 
     def close(self, timeout_s: float) -> None:
@@ -77,10 +81,10 @@ class Persister:
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._pending is not None or self._closed)
-                if self._pending is None:
+                self._changed.wait_for(lambda: bool(self._pending) or self._closed)
+                if not self._pending:
                     return
-                part, self._pending, self._busy = self._pending, None, True
+                part, self._busy = self._pending.popleft(), True
             try:
                 self._upload(part)
             except TransientStorageError as exc:

@@ -115,6 +115,7 @@ class TrainSession:
         self._is_superseded = is_superseded
         self._storage = storage
         self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
+        self._in_flight: tuple[int, Any, PartUpload | None] | None = None  # the report awaiting its reply
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -132,27 +133,24 @@ class TrainSession:
         if files is not None:
             self._memory.put(self.index, files)
         assignment = self.context.assignment
-        reply: ReportReply = ray.get(
-            self._supervisor.report.remote(
-                self.worker_id,
-                assignment.generation,
-                self.index,
-                dict(metrics) if assignment.rank == 0 else None,
-                sorted(files) if files is not None else None,
-                [loader.loader_state() for loader in self._loaders],
-            )
+        reply = self._supervisor.report.remote(
+            self.worker_id,
+            assignment.generation,
+            self.index,
+            dict(metrics) if assignment.rank == 0 else None,
+            sorted(files) if files is not None else None,
+            [loader.loader_state() for loader in self._loaders],
         )
-        if not reply.accepted:
-            logger.warning("report %d rejected: this worker was fenced out of generation %d",
-                           self.index, assignment.generation)
-            raise GenerationEnded()
-        if files is not None:
-            part = PartUpload(assignment.generation, self.index, files)
-            self.unpersisted = None if reply.persist else part
-            if reply.persist:
-                self._persist(part)
-        if reply.unwind:
-            raise GenerationEnded()
+        part = PartUpload(assignment.generation, self.index, files) if files is not None else None
+        previous, self._in_flight = self._in_flight, (self.index, reply, part)
+        if previous is not None:
+            self._settle(*previous)
+
+    def finish(self) -> None:
+        """The loop returned: settle its last report."""
+        if self._in_flight is not None:
+            previous, self._in_flight = self._in_flight, None
+            self._settle(*previous)
 
     def get_checkpoint(self) -> Checkpoint | None:
         if not self._restored_loaded:
@@ -168,6 +166,23 @@ class TrainSession:
         return self._resume_states[position] if position < len(self._resume_states) else None
 
     # -- internals ------------------------------------------------------------------------------
+    def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> None:
+        """Act on the supervisor's reply to report `index`. Replies are read one report late, so a
+        report costs the loop no round trip; the report that follows was sent already, so unwinding
+        here loses no step."""
+        reply: ReportReply = ray.get(reply_ref)
+        if not reply.accepted:
+            logger.warning("report %d rejected: this worker was fenced out of generation %d",
+                           index, self.context.assignment.generation)
+            raise GenerationEnded()
+        if part is not None:
+            part.supersedable = reply.supersedable
+            self.unpersisted = None if reply.persist else part
+            if reply.persist:
+                self._persist(part)
+        if reply.unwind:
+            raise GenerationEnded()
+
     def _load_resume_checkpoint(self) -> Checkpoint | None:
         plan = self.context.assignment.resume
         if plan is None:

@@ -1,0 +1,84 @@
+"""What every chaos scenario shares: the trainer over the invariant loop, attaching the harness,
+and the invariants checked after the faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import elastic_train as et
+from chaos.faults import ChaosContext
+from chaos.log import FaultLog
+from chaos.targets import RunHandle
+from elastic_train.checkpoint import list_checkpoints, verify_checkpoint
+from tests.chaos.invariant_loop import SAMPLES, invariant_loop, reference_params
+from tests.helpers import wait_for
+from tests.loops import read_progress
+
+EPOCHS, GLOBAL_BATCH = 5, 8
+STEPS = EPOCHS * SAMPLES // GLOBAL_BATCH
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float rounding differs with the world size's split
+
+
+def chaos_trainer(run_dirs: dict, workers: int | tuple[int, int], *, step_time: float = 0.15,
+                  storage_path: str | None = None, storage_options: dict | None = None,
+                  elastic: et.ElasticConfig | None = None) -> et.TorchTrainer:
+    return et.TorchTrainer(
+        invariant_loop,
+        train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": EPOCHS, "global_batch": GLOBAL_BATCH,
+                           "step_time": step_time},
+        scaling_config=et.ScalingConfig(num_workers=workers),
+        run_config=et.RunConfig(name="run", storage_path=storage_path or run_dirs["storage"],
+                                storage_options=storage_options, elastic_config=elastic),
+    )
+
+
+def attach(run_dirs: dict, world: int, **context: Any) -> ChaosContext:
+    """The harness's view of the run, once `world` workers are training."""
+    wait_for(lambda: any(p.get("world") == world for p in read_progress(run_dirs["log_dir"])), 120,
+             f"{world} workers training")
+    return ChaosContext(RunHandle("run"), FaultLog(), **context)
+
+
+def steps_redone(log_dir: str) -> int:
+    """Steps completed more than once: by rank 0 of each generation that ran them."""
+    runs: dict[int, set[int]] = {}
+    for p in read_progress(log_dir):
+        if p.get("rank") == 0 and "step" in p:
+            runs.setdefault(p["step"], set()).add(p["generation"])
+    return sum(len(generations) - 1 for generations in runs.values())
+
+
+def recovery_times(log_dir: str, faults: list[dict[str, Any]]) -> list[float]:
+    """Per fault: seconds from the fault to the first step completed in a newer generation."""
+    progress = read_progress(log_dir)
+    out = []
+    for fault in faults:
+        before = [p["generation"] for p in progress if p["time"] <= fault["time"] and "step" in p]
+        current = max(before, default=-1)
+        after = [p["time"] for p in progress if p["time"] > fault["time"] and p.get("generation", -1) > current]
+        if after:
+            out.append(round(min(after) - fault["time"], 3))
+    return out
+
+
+def check_invariants(result: et.Result, run_dirs: dict, faults: int, *, redone_per_fault: int = 1,
+                     storage_options: dict | None = None) -> dict[str, Any]:
+    """The run finished every step, with a fault-free run's parameters, every sample once per
+    epoch, every committed checkpoint whole, and at most `redone_per_fault` steps redone per fault."""
+    assert result.error is None, result.error
+    assert result.metrics["step"] == STEPS
+    final = result.checkpoint.to_dict()
+    assert final["step"] == STEPS
+    assert torch.equal(final["counts"], torch.full((SAMPLES,), float(EPOCHS))), "a sample was skipped or repeated"
+    reference = reference_params(EPOCHS, GLOBAL_BATCH)
+    for key, value in reference.items():
+        torch.testing.assert_close(final["model"][key], value, **TOLERANCE)
+    committed = list_checkpoints(result.path, storage_options)
+    assert committed and committed[-1].index == STEPS
+    for checkpoint in committed:
+        assert verify_checkpoint(result.path, checkpoint.index, storage_options) == []
+    redone = steps_redone(run_dirs["log_dir"])
+    assert redone <= redone_per_fault * faults, f"{redone} steps redone for {faults} faults"
+    return {"redone": redone, "world_sizes": result.world_sizes}

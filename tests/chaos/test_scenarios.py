@@ -1,0 +1,144 @@
+"""Chaos scenarios: one per fault kind and the combinations, injected by the `chaos` harness from
+outside the run, each checking the invariants of `scenario.check_invariants` (not just that the
+run did not crash). The recovery figures are written to <log_dir>/scenario.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import elastic_train as et
+from chaos import schedules
+from chaos.harness import ChaosRunner
+from chaos.storage_proxy import FaultyStorageProxy
+from chaos.traces import read_trace
+from tests.chaos.scenario import attach, chaos_trainer, check_invariants, recovery_times
+from tests.conftest import ray_runtime_env
+from tests.fake_metadata import FakeMetadataServer
+from tests.helpers import fit_in_background
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "oobleck-aws-g4dn-events.csv"
+FAST_DETECTION = et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0)
+
+
+def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fault: str, target: str,
+         redone_per_fault: int = 1, storage_options: dict | None = None, **context) -> dict:
+    join = fit_in_background(trainer)
+    fault_args = context.pop("fault_args", {})
+    ctx = attach(run_dirs, world, **context)
+    runner = ChaosRunner(ctx, firings, fault=fault, target=target, seed=1, **fault_args).start()
+    result = join(240)
+    runner.stop()
+    faults = [e for e in ctx.log.entries if e["kind"] in ("sigkill", "kill-actor", "hang", "preempt-notice",
+                                                          "lose-node", "storage")]
+    assert faults, "no fault was injected"
+    figures = check_invariants(result, run_dirs, len(faults), redone_per_fault=redone_per_fault,
+                               storage_options=storage_options)
+    figures.update(faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults))
+    Path(run_dirs["log_dir"], "scenario.json").write_text(json.dumps(figures))
+    return figures
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_random_workers_every_few_seconds(local_ray, run_dirs):
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.every(3.0, 2), "sigkill", "random")
+
+
+@pytest.mark.timeout(300)
+def test_ray_kill_of_rank_0(local_ray, run_dirs):
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.at([2.0]), "kill-actor", "rank0")
+
+
+@pytest.mark.timeout(300)
+def test_hang_is_dropped_then_fenced(local_ray, run_dirs):
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2), elastic=FAST_DETECTION), 2, schedules.at([2.0]), "hang",
+         "rank:1", fault_args={"hang_s": 4.0})
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_at_once(local_ray, run_dirs):
+    trainer = chaos_trainer(run_dirs, (1, 3))
+    trainer.scaling_config = et.ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 0.5})
+    _run(run_dirs, trainer, 3, schedules.at([2.0]), "sigkill", "all-but-one")
+
+
+@pytest.mark.timeout(300)
+def test_poisson_kills(local_ray, run_dirs):
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.poisson(3.0, 3, seed=4), "sigkill", "random")
+
+
+@pytest.mark.timeout(300)
+def test_preemption_with_sigterm_notice_loses_no_step(local_ray, run_dirs):
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.at([2.0]), "preempt", "rank:1",
+         redone_per_fault=0, fault_args={"notice_s": 5.0})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_preemption_notice_from_cloud_metadata_loses_no_step(local_ray, run_dirs, cloud):
+    metadata = FakeMetadataServer()
+    elastic = et.ElasticConfig(preemption_pollers=(cloud,), preemption_metadata_url=metadata.url,
+                               preemption_poll_interval_s=0.2)
+    join = fit_in_background(chaos_trainer(run_dirs, (1, 2), elastic=elastic))
+    ctx = attach(run_dirs, 2)
+    rank1 = next(m for m in ctx.run.members() if m.rank == 1)
+    metadata.post_notice(5.0, pids={rank1.pid})
+    result = join(240)
+    metadata.close()
+    check_invariants(result, run_dirs, 1, redone_per_fault=0)
+    notices = [e for e in result.events if e["kind"] == "preemption_notice"]
+    assert [(e["pid"], e["source"]) for e in notices] == [(rank1.pid, cloud)]
+
+
+@pytest.mark.timeout(300)
+def test_storage_outage_delays_persistence_only(local_ray, run_dirs, s3_bucket):
+    with FaultyStorageProxy(s3_bucket["endpoint"], seed=3) as proxy:
+        options = {**s3_bucket["options"], "endpoint_url": proxy.url}
+        trainer = chaos_trainer(run_dirs, 2, storage_path=s3_bucket["url"], storage_options=options)
+        _run(run_dirs, trainer, 2, schedules.at([1.5]), "storage", "random", redone_per_fault=0,
+             storage_options=s3_bucket["options"], proxy=proxy, fault_args={"outage_s": 4.0})
+        assert proxy.stats["faults"].get("error", 0) > 0
+
+
+@pytest.fixture
+def cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_node_holding_rank_0_lost_then_a_node_added(cluster, run_dirs):
+    cl, _ = cluster
+    join = fit_in_background(chaos_trainer(run_dirs, (2, 3)))
+    ctx = attach(run_dirs, 3, cluster=cl)
+    ChaosRunner(ctx, schedules.at([0.5]), fault="lose-node", target="node-of-rank0").run()
+    ChaosRunner(ctx, schedules.at([2.0]), fault="add-node").run()
+    result = join(240)
+    check_invariants(result, run_dirs, 1)
+    assert 2 in result.world_sizes and result.world_sizes[-1] == 3
+
+
+@pytest.mark.timeout(300)
+def test_replay_of_a_real_spot_trace(cluster, run_dirs):
+    cl, nodes = cluster
+    # The g4dn trace's first hours, 1 trace hour = 10 s, at most 3 nodes (the 3 we start with).
+    events = [e for e in read_trace(TRACE, compress=360, max_nodes=3) if e.at_s <= 12.0]
+    join = fit_in_background(chaos_trainer(run_dirs, (1, 3)))
+    ctx = attach(run_dirs, 3, cluster=cl)
+    runner = ChaosRunner(ctx, schedules.replay([e for e in events[3:]]), seed=1)
+    runner.adopt_nodes([e.node for e in events[:3]], [n.node_id for n in nodes])
+    runner.start()
+    result = join(240)
+    runner.stop()
+    lost = [e for e in ctx.log.entries if e["kind"] == "lose-node"]
+    assert lost, "the replayed trace removed no node"
+    check_invariants(result, run_dirs, len(lost))
