@@ -9,6 +9,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import (
@@ -129,8 +130,11 @@ class TorchTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
+        # The supervisor lives on the driver's node: it then goes only with the driver, never with a
+        # worker node that is lost.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         supervisor = ray.remote(Supervisor).options(
-            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000
+            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, scheduling_strategy=here
         ).remote(
             spec,
             self.scaling_config,

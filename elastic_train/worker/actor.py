@@ -132,6 +132,7 @@ class TrainWorker:
             self._persister.submit,
             self._superseded.is_set,
             self._spec.storage,
+            self._spec.elastic.drain_timeout_s,
         )
         set_session(session)
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,

@@ -106,6 +106,7 @@ class TrainSession:
         persist: Callable[[PartUpload], None],
         is_superseded: Callable[[], bool],
         storage: RunStorage,
+        reply_timeout_s: float,
     ):
         self.worker_id = worker_id
         self.context = context
@@ -114,6 +115,7 @@ class TrainSession:
         self._persist = persist
         self._is_superseded = is_superseded
         self._storage = storage
+        self._reply_timeout_s = reply_timeout_s
         self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
         self._in_flight: tuple[int, Any, PartUpload | None] | None = None  # the report awaiting its reply
         resume = context.assignment.resume
@@ -205,7 +207,15 @@ class TrainSession:
         return files
 
     def close(self) -> None:
-        """The generation is over: remove what this session wrote to local disk."""
+        """The generation is over: wait until the supervisor has taken the last report (so it is
+        recorded before this worker parks: calls from one process to an async actor may be taken in
+        any order), and remove what this session wrote to local disk."""
+        if self._in_flight is not None:
+            try:
+                ray.get(self._in_flight[1], timeout=self._reply_timeout_s)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                logger.warning("last report %d not acknowledged: %s", self._in_flight[0], exc)
+            self._in_flight = None
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
