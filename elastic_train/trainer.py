@@ -9,7 +9,6 @@ import logging
 from typing import Any, Callable, Mapping
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import (
@@ -68,6 +67,16 @@ def _check_loop(fn: Any, config: Any) -> bool:
             "add a `config` parameter."
         )
     return takes_config
+
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+
+
+def _on_head_node() -> dict[str, float]:
+    """Ray resources that place the supervisor on the head node, which the cluster cannot lose without
+    losing itself: it then never goes down with a worker node (the driver's own node may be one)."""
+    has_head = any(n["Alive"] and HEAD_NODE_RESOURCE in n["Resources"] for n in ray.nodes())
+    return {HEAD_NODE_RESOURCE: 0.001} if has_head else {}
 
 
 def supervisor_name(run_name: str) -> str:
@@ -130,11 +139,8 @@ class TorchTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
-        # The supervisor lives on the driver's node: it then goes only with the driver, never with a
-        # worker node that is lost.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         supervisor = ray.remote(Supervisor).options(
-            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, scheduling_strategy=here
+            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, resources=_on_head_node()
         ).remote(
             spec,
             self.scaling_config,

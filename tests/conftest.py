@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from ray.cluster_utils import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +25,18 @@ def local_ray():
     ray.init(num_cpus=2, runtime_env=ray_runtime_env(), include_dashboard=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def three_node_cluster():
+    """A simulated cluster: a head with 0 CPUs and 3 nodes of 1 CPU each; yields (cluster, nodes)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
 
 
 @pytest.fixture

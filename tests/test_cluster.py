@@ -5,23 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
-from tests.conftest import ray_runtime_env
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
-
-
-@pytest.fixture
-def three_node_cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
 
 
 @pytest.mark.timeout(240)

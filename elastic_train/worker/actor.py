@@ -72,6 +72,7 @@ class TrainWorker:
             make_pollers(elastic.preemption_pollers, elastic.preemption_metadata_url),
             elastic.preemption_poll_interval_s,
             elastic.preemption_sigterm,
+            elastic.preemption_sigterm_grace_s,
         )
         ctx = ray.get_runtime_context()
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads

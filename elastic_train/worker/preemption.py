@@ -17,11 +17,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import signal
 import threading
 import urllib.error
 import urllib.request
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +119,17 @@ class NoticeWatcher:
     """Calls `on_notice(source, seconds_left)` once, at the first notice from SIGTERM or a poller."""
 
     def __init__(self, on_notice: Callable[[str, float | None], None], pollers: list[NoticePoller],
-                 poll_interval_s: float, handle_sigterm: bool):
+                 poll_interval_s: float, handle_sigterm: bool, sigterm_grace_s: float):
         self._on_notice = on_notice
         self._pollers = pollers
         self._interval = poll_interval_s
+        self._grace = sigterm_grace_s
         self._noticed = threading.Event()
         self._stopped = threading.Event()
+        self._sigterm_seen = False
+        self._previous_sigterm: Any = None
         if handle_sigterm and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._thread = threading.Thread(target=self._poll, name="elastic-preemption", daemon=True)
         if pollers:
             self._thread.start()
@@ -133,9 +137,26 @@ class NoticeWatcher:
     def stop(self) -> None:
         self._stopped.set()
 
-    def _on_sigterm(self, signum: int, frame: object) -> None:
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """The first SIGTERM is a notice: drain, and exit as SIGTERM asks `sigterm_grace_s` later (or
+        at a second SIGTERM), through the handler that was there before."""
+        if self._sigterm_seen:
+            self._exit_as_before(signum, frame)
+            return
+        self._sigterm_seen = True
         # A signal handler must return quickly: the notice is sent from a thread.
         threading.Thread(target=self._notify, args=("sigterm", None), daemon=True).start()
+        timer = threading.Timer(self._grace, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_as_before(self, signum: int, frame: Any) -> None:
+        previous = self._previous_sigterm
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _poll(self) -> None:
         while not self._stopped.wait(self._interval) and not self._noticed.is_set():

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
 import elastic_train as et
 from chaos import schedules
@@ -17,7 +15,6 @@ from chaos.harness import ChaosRunner
 from chaos.storage_proxy import FaultyStorageProxy
 from chaos.traces import read_trace
 from tests.chaos.scenario import attach, chaos_trainer, check_invariants, recovery_times
-from tests.conftest import ray_runtime_env
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background
 
@@ -104,20 +101,9 @@ def test_storage_outage_delays_persistence_only(local_ray, run_dirs, s3_bucket):
         assert proxy.stats["faults"].get("error", 0) > 0
 
 
-@pytest.fixture
-def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
-
-
 @pytest.mark.timeout(300)
-def test_node_holding_rank_0_lost_then_a_node_added(cluster, run_dirs):
-    cl, _ = cluster
+def test_node_holding_rank_0_lost_then_a_node_added(three_node_cluster, run_dirs):
+    cl, _ = three_node_cluster
     join = fit_in_background(chaos_trainer(run_dirs, (2, 3)))
     ctx = attach(run_dirs, 3, cluster=cl)
     ChaosRunner(ctx, schedules.at([0.5]), fault="lose-node", target="node-of-rank0").run()
@@ -128,8 +114,8 @@ def test_node_holding_rank_0_lost_then_a_node_added(cluster, run_dirs):
 
 
 @pytest.mark.timeout(300)
-def test_replay_of_a_real_spot_trace(cluster, run_dirs):
-    cl, nodes = cluster
+def test_replay_of_a_real_spot_trace(three_node_cluster, run_dirs):
+    cl, nodes = three_node_cluster
     # The g4dn trace's first hours, 1 trace hour = 10 s, at most 3 nodes (the 3 we start with).
     events = [e for e in read_trace(TRACE, compress=360, max_nodes=3) if e.at_s <= 12.0]
     join = fit_in_background(chaos_trainer(run_dirs, (1, 3)))
