@@ -18,7 +18,7 @@ from tests.chaos.scenario import attach, chaos_trainer, check_invariants, recove
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "oobleck-aws-g4dn-events.csv"
+TRACE = Path(__file__).resolve().parent / "data" / "oobleck-aws-g4dn-events.csv"  # see data/README.md
 FAST_DETECTION = et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0)
 
 
