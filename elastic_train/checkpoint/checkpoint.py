@@ -86,17 +86,14 @@ class Checkpoint:
         root = fs._strip_protocol(self.path).rstrip("/")
         if self.manifest is None:
             return {full[len(root) + 1 :]: fs.cat_file(full) for full in fs.find(root)}
-        out = {}
-        for name in sorted(self.manifest.files):
+
+        def read(name: str) -> bytes | None:
             try:
-                data = fs.cat_file(f"{root}/{name}")
+                return fs.cat_file(f"{root}/{name}")
             except FileNotFoundError:
-                data = None
-            problem = self.manifest.problem(name, data)
-            if problem is not None:
-                raise CheckpointError(f"checkpoint {self.path} is corrupt: {problem}")
-            out[name] = data
-        return out
+                return None
+
+        return self.manifest.verified_files(read, self.path)
 
     def to_dict(self) -> dict[str, Any]:
         """The dict this checkpoint was made from."""

@@ -12,10 +12,16 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+from elastic_train.errors import CheckpointError
 
 MANIFEST = "elastic_train_manifest.json"
 FORMAT_VERSION = 1
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint's file is missing or differs from its manifest."""
 
 
 def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
@@ -59,3 +65,18 @@ class Manifest:
         if hashlib.sha256(data).hexdigest() != expected["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest"
         return None
+
+    def checked(self, read: Callable[[str], bytes | None]) -> Iterator[tuple[str, bytes | None, str | None]]:
+        """Every listed file, read by name with `read` (None when missing), and its problem (None when whole)."""
+        for name in sorted(self.files):
+            data = read(name)
+            yield name, data, self.problem(name, data)
+
+    def verified_files(self, read: Callable[[str], bytes | None], where: str) -> dict[str, bytes]:
+        """Every listed file, read with `read`; the first one that is not what was committed raises."""
+        files = {}
+        for name, data, problem in self.checked(read):
+            if problem is not None:
+                raise CorruptCheckpointError(f"checkpoint {where} is corrupt: {problem}")
+            files[name] = data
+        return files

@@ -14,22 +14,18 @@ import posixpath
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from fsspec.core import url_to_fs
 
 from elastic_train.checkpoint.checkpoint import is_local
-from elastic_train.checkpoint.manifest import MANIFEST, Manifest, file_facts
+from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
-from elastic_train.errors import CheckpointError, ConfigError, StorageError
+from elastic_train.errors import ConfigError, StorageError
 
 logger = logging.getLogger(__name__)
 
 _FOLDER = re.compile(r"checkpoint_(\d+)$")
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A committed checkpoint's file is missing or differs from its manifest."""
 
 
 @dataclass
@@ -162,25 +158,19 @@ class RunStorage:
             found.append(CommittedCheckpoint(index, self.url(checkpoint_dirname(index)), manifest))
         return found
 
-    def read_verified(self, checkpoint: CommittedCheckpoint, names: list[str] | None = None) -> dict[str, bytes]:
-        """The files of a committed checkpoint (or those in `names`), each checked against the manifest."""
-        files = {}
-        for name in names if names is not None else sorted(checkpoint.manifest.files):
-            data = self._read(posixpath.join(self.folder(checkpoint.index), name))
-            problem = checkpoint.manifest.problem(name, data)
-            if problem is not None:
-                raise CorruptCheckpointError(f"{checkpoint.path}: {problem}")
-            files[name] = data
-        return files
+    def read_verified(self, checkpoint: CommittedCheckpoint) -> dict[str, bytes]:
+        """The files of a committed checkpoint, each checked against the manifest."""
+        return checkpoint.manifest.verified_files(self._reader(checkpoint), checkpoint.path)
 
     def verify(self, checkpoint: CommittedCheckpoint) -> list[str]:
         """Every problem of a committed checkpoint's files (empty when it is whole)."""
-        problems = []
-        for name in sorted(checkpoint.manifest.files):
-            problem = checkpoint.manifest.problem(name, self._read(posixpath.join(self.folder(checkpoint.index), name)))
-            if problem is not None:
-                problems.append(f"{checkpoint.path}/{problem}")
-        return problems
+        return [f"{checkpoint.path}/{problem}" for _, _, problem in checkpoint.manifest.checked(self._reader(checkpoint))
+                if problem is not None]
+
+    def _reader(self, checkpoint: CommittedCheckpoint) -> Callable[[str], bytes | None]:
+        """Reads a file of `checkpoint` by name; None when it is missing."""
+        folder = self.folder(checkpoint.index)
+        return lambda name: self._read(posixpath.join(folder, name))
 
     def newest_whole(
         self, checkpoints: list[CommittedCheckpoint]

@@ -86,6 +86,12 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """DCP's view of the model's (and optimizer's) state: what is saved, and what a load fills in."""
+    model_state, optim_state = get_state_dict(model, optimizer or [])
+    return {"model": model_state, **({"optimizer": optim_state} if optimizer is not None else {})}
+
+
 def save_state(
     directory: str | os.PathLike,
     model: torch.nn.Module,
@@ -98,10 +104,7 @@ def save_state(
     `extra` (JSON-serializable, e.g. the step) is written by rank 0 as `train_state.json`.
     """
     os.makedirs(directory, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer or [])
-    state: dict[str, Any] = {"model": model_state}
-    if optimizer is not None:
-        state["optimizer"] = optim_state
+    state = _state_dicts(model, optimizer)
     dcp.save(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
     if extra is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         with open(os.path.join(directory, EXTRA_FILE), "w") as f:
@@ -122,10 +125,7 @@ def load_state(
             f"{directory} holds no torch.distributed.checkpoint metadata (.metadata): it was not written by "
             "save_state, or rank 0's part of the checkpoint is missing."
         )
-    model_state, optim_state = get_state_dict(model, optimizer or [])
-    state: dict[str, Any] = {"model": model_state}
-    if optimizer is not None:
-        state["optimizer"] = optim_state
+    state = _state_dicts(model, optimizer)
     try:
         dcp.load(
             state,
