@@ -59,3 +59,24 @@ def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
                                        train_loop_config={"steps": 17, "log_dir": run_dirs["log_dir"]},
                                        scaling_config=et.ScalingConfig(num_workers=1)).fit()
     assert [h["step"] for h in restored.metrics_history] == [16, 17]
+
+
+@pytest.mark.timeout(10)
+def test_persist_cadence_every_n_one_in_flight_and_all_by_score():
+    from elastic_train.supervisor.cadence import PersistCadence
+
+    newest = PersistCadence(et.CheckpointConfig(persist_every_n_reports=2), now=0.0)
+    # Every 2nd report, but not while the chosen one (2) is still on its way; once it settles, the next report.
+    assert [newest.choose(i, now=i) for i in (1, 2, 3, 4)] == [False, True, False, False]
+    newest.settled(2)
+    assert [newest.choose(i, now=i) for i in (5, 6, 7)] == [True, False, False]
+    scored = PersistCadence(et.CheckpointConfig(persist_every_n_reports=2, checkpoint_score_attribute="loss"), 0.0)
+    # Kept by score: nothing skipped for an upload in flight, and still every 2nd report.
+    assert [i for i in range(1, 9) if scored.choose(i, now=i)] == [2, 4, 6, 8]
+    timed = PersistCadence(et.CheckpointConfig(persist_every_n_reports=None, persist_interval_s=10.0), 0.0)
+    chosen = []
+    for t in (1, 5, 11, 12, 25):
+        if timed.choose(t, now=t):
+            chosen.append(t)
+            timed.settled(t)
+    assert chosen == [11, 25]

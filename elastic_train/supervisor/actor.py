@@ -32,6 +32,7 @@ from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
+from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor.state import RunState, check_transition
@@ -82,10 +83,8 @@ class Supervisor:
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._committed: list[CommittedCheckpoint] = []
-        self._reports_since_persist = 0
-        self._persisting: int | None = None  # the checkpoint chosen for storage and not yet committed
+        self._cadence = PersistCadence(checkpointing, time.monotonic())
         self._final_flush: ResumePlan | None = None  # what a failed run's survivors store before they stop
-        self._last_persist_chosen = time.monotonic()
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -258,7 +257,7 @@ class Supervisor:
         self._ledger.rewind(resume.index if resume else 0)
         self._max_index = resume.index if resume else 0
         self._resize_at = None
-        self._persisting = None  # a part of it may have died with a lost worker
+        self._cadence.forget_in_flight()
         master = next(w for w in chosen if placements[w.worker_id].rank == 0)
         peers = {w.worker_id: w.actor for w in chosen + draining}
         for w in chosen:
@@ -470,7 +469,7 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         if names is not None and entry.persist is None:
-            entry.persist = self._persist_due(index)
+            entry.persist = self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
         if metrics is not None:
             self._metrics = dict(metrics)
@@ -478,31 +477,7 @@ class Supervisor:
                                   "_time": time.time()})
         return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at,
                            persist=bool(entry.persist),
-                           supersedable=self._checkpointing.checkpoint_score_attribute is None)
-
-    def _persist_due(self, index: int) -> bool:
-        """The persistence cadence: every Nth reported checkpoint, or once `persist_interval_s` passed;
-        and only when no chosen checkpoint is still on its way to storage. All ranks get the same
-        answer for an index, so their uploads stay aligned however slow the storage is. Checkpoints
-        kept by score are all stored: any of them may be among the best."""
-        cfg, now = self._checkpointing, time.monotonic()
-        self._reports_since_persist += 1
-        due = (cfg.persist_every_n_reports is not None and self._reports_since_persist >= cfg.persist_every_n_reports) or (
-            cfg.persist_interval_s is not None and now - self._last_persist_chosen >= cfg.persist_interval_s
-        )
-        if not due:
-            return False
-        if cfg.checkpoint_score_attribute is not None:
-            return True  # kept by score: skipping one could lose the best; every chosen one is stored in order
-        if self._persisting is not None:
-            return False
-        self._reports_since_persist, self._last_persist_chosen, self._persisting = 0, now, index
-        return True
-
-    def _persist_settled(self, index: int) -> None:
-        """Checkpoint `index` committed or was given up: the next one may be chosen."""
-        if self._persisting == index:
-            self._persisting = None
+                           supersedable=self._cadence.supersedable)
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
@@ -525,7 +500,7 @@ class Supervisor:
         entry = self._ledger.entries.get(index)
         if entry is not None and entry.generation == generation:
             entry.given_up = True
-            self._persist_settled(index)
+            self._cadence.settled(index)
         self._event("persist_given_up", worker_id=worker_id, index=index, reason=reason)
 
     async def preemption_notice(self, worker_id: int, source: str, seconds_left: float | None) -> None:
@@ -562,7 +537,7 @@ class Supervisor:
             self._committed.append(committed)
             self._committed.sort(key=lambda c: c.index)
             self._event("checkpoint_committed", index=index, files=len(manifest.files), bytes=manifest.total_bytes)
-            self._persist_settled(index)
+            self._cadence.settled(index)
             for torn in self._ledger.abandoned_before(index):
                 await loop.run_in_executor(None, self._storage.delete, torn)
             for victim in self._retention_victims():
@@ -570,7 +545,7 @@ class Supervisor:
                 await loop.run_in_executor(None, self._storage.delete, victim.index)
         except TransientStorageError as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._persist_settled(index)
+            self._cadence.settled(index)
             self._event("commit_given_up", index=index, reason=str(exc))
         except StorageError as exc:
             if not self._state.terminal:

@@ -1,0 +1,50 @@
+"""Which reported checkpoints go to storage: the persistence cadence.
+
+Why a decision in the supervisor: every rank reports its part of a checkpoint, and a checkpoint
+commits only when all parts are stored. If each worker chose by itself, slow storage would leave
+their uploads on different checkpoints and none would commit. The first report of a checkpoint
+decides for all ranks: every Nth reported checkpoint, or once `persist_interval_s` has passed; and,
+unless checkpoints are kept by score, only when no chosen checkpoint is still on its way, so the
+newest state goes next instead of a queue of stale ones. Checkpoints kept by score are all stored,
+in order: skipping one could lose the best.
+"""
+
+from __future__ import annotations
+
+from elastic_train.config import CheckpointConfig
+
+
+class PersistCadence:
+    def __init__(self, config: CheckpointConfig, now: float):
+        self._config = config
+        self._reports_since = 0
+        self._last_chosen = now
+        self._in_flight: int | None = None  # the chosen checkpoint not yet committed or given up
+
+    @property
+    def supersedable(self) -> bool:
+        """May a newer checkpoint replace a chosen one still waiting for its upload?"""
+        return self._config.checkpoint_score_attribute is None
+
+    def choose(self, index: int, now: float) -> bool:
+        """Is reported checkpoint `index` to be stored?"""
+        cfg = self._config
+        self._reports_since += 1
+        due = (cfg.persist_every_n_reports is not None and self._reports_since >= cfg.persist_every_n_reports) or (
+            cfg.persist_interval_s is not None and now - self._last_chosen >= cfg.persist_interval_s
+        )
+        if not due or (self.supersedable and self._in_flight is not None):
+            return False
+        self._reports_since, self._last_chosen = 0, now
+        if self.supersedable:
+            self._in_flight = index
+        return True
+
+    def settled(self, index: int) -> None:
+        """Checkpoint `index` committed or was given up: the next one may be chosen."""
+        if self._in_flight == index:
+            self._in_flight = None
+
+    def forget_in_flight(self) -> None:
+        """A new generation: a part of the chosen checkpoint may have died with a lost worker."""
+        self._in_flight = None
