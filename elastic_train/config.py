@@ -166,6 +166,9 @@ class ElasticConfig:
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
+    snapshot_memory_retain_mb: int | None = 512
+    """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
+    `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""
     storage_retry_initial_s: float = 0.2
     """First backoff after a transient storage error; it doubles (with jitter) per retry."""
     storage_retry_max_s: float = 10.0
@@ -204,6 +207,9 @@ class ElasticConfig:
             )
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
+        if self.snapshot_memory_retain_mb is not None and self.snapshot_memory_retain_mb < 1:
+            raise ConfigError("ElasticConfig.snapshot_memory_retain_mb must be at least 1, or None to keep "
+                              "the allocator's defaults.")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from elastic_train.config import ElasticConfig
 from elastic_train.protocol import Assignment, Exit, Outcome, Stop
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
+from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartUpload, Persister
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
@@ -59,6 +60,8 @@ class TrainWorker:
         self.worker_id = worker_id
         self._supervisor = supervisor
         self._spec = spec
+        if spec.elastic.snapshot_memory_retain_mb is not None:
+            retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
         self._memory = CheckpointMemory(spec.elastic.checkpoints_in_memory)
         self._group = GenerationProcessGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s
