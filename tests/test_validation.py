@@ -32,6 +32,7 @@ def loop(config):
         (lambda: et.CheckpointConfig(checkpoint_score_order="lowest"), "use 'max' or 'min'"),
         (lambda: et.ElasticConfig(heartbeat_timeout_s=0.5), "must exceed twice"),
         (lambda: et.ElasticConfig(probe_timeout_s=0), "must be a positive number of seconds"),
+        (lambda: et.ElasticConfig(snapshot_memory_retain_mb=0), "or None to keep the allocator"),
         (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
     ],
 )
