@@ -162,6 +162,10 @@ class ElasticConfig:
     """How long a new process group waits for all its ranks to join."""
     collective_timeout_s: float = 300.0
     """Per-operation timeout of the torch.distributed process group."""
+    supervisor_max_restarts: int = 3
+    """How often Ray restarts a supervisor that died; the restarted one adopts the workers (-1: always)."""
+    supervisor_adoption_timeout_s: float = 10.0
+    """How long a restarted supervisor waits for each worker to describe itself before replacing it."""
     control_tick_s: float = 0.25
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
@@ -205,6 +209,8 @@ class ElasticConfig:
             raise ConfigError(
                 f"ElasticConfig.preemption_pollers has {sorted(unknown)}: use any of 'aws', 'gcp', 'azure'."
             )
+        if self.supervisor_max_restarts < -1:
+            raise ConfigError("ElasticConfig.supervisor_max_restarts must be -1 (always restart), 0 or more.")
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
         if self.snapshot_memory_retain_mb is not None and self.snapshot_memory_retain_mb < 1:

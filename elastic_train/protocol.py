@@ -71,3 +71,30 @@ class ReportReply:
     unwind: bool = False  # leave the loop after this report: the group is being resized
     persist: bool = False  # store this checkpoint (the persistence cadence chose it)
     supersedable: bool = True  # a newer checkpoint may replace it before its upload starts
+
+
+@dataclass
+class HeldCheckpoint:
+    """A checkpoint part a worker holds in memory, as it was reported."""
+
+    index: int
+    generation: int
+    rank: int
+    names: list[str]
+    loader_states: list[dict[str, Any]]  # prepare_data_loader positions (global: alike on every rank)
+
+
+@dataclass
+class WorkerInfo:
+    """What a worker tells a restarted supervisor about itself, so that it can be adopted."""
+
+    worker_id: int
+    node_id: str
+    ip: str
+    pid: int
+    generation: int  # the generation it last ran in (-1: none yet)
+    rank: int  # its rank in that generation
+    world_size: int
+    index: int  # the last report index it reached in that generation
+    running: bool  # still in the loop of that generation (not parked)
+    held: list[HeldCheckpoint] = field(default_factory=list)

@@ -140,7 +140,9 @@ class TorchTrainer:
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
         supervisor = ray.remote(Supervisor).options(
-            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, resources=_on_head_node()
+            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
+            # Ray restarts a dead supervisor, and re-sends the calls it had in flight (this one's too).
+            max_restarts=elastic.supervisor_max_restarts, max_task_retries=-1,
         ).remote(
             spec,
             self.scaling_config,

@@ -32,6 +32,7 @@ from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
+from elastic_train.supervisor.adoption import describe_workers, worker_name, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
@@ -69,7 +70,11 @@ class Supervisor:
         self._storage: RunStorage = spec.storage
         self._workers: dict[int, WorkerRecord] = {}
         self._next_worker_id = 0
-        self._state = RunState.SCHEDULING
+        context = ray.get_runtime_context()
+        self._worker_prefix = worker_prefix(context.get_actor_id())
+        # Ray restarted this actor after it died: the workers hold the run's state; adopt them.
+        self._state = RunState.ADOPTING if context.was_current_actor_reconstructed else RunState.SCHEDULING
+        self._adopted = asyncio.Event()  # worker calls wait for it: none is served before adoption
         self._entered = time.monotonic()
         self._started = time.monotonic()
         self._generation = -1
@@ -95,12 +100,18 @@ class Supervisor:
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
         self._self_handle = ray.get_runtime_context().current_actor
+        adopting = self._state is RunState.ADOPTING
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self._recover_storage)
+            # A restarted supervisor leaves uncommitted folders alone: adopted workers may still commit them.
+            await asyncio.get_running_loop().run_in_executor(None, self._recover_storage, not adopting)
         except StorageError as exc:
             self._fail(str(exc))
         self._expected_initial = min(self._scaling.max_workers, self._placeable_now())
-        self._event("run_started", expected_workers=self._expected_initial)
+        if adopting and not self._state.terminal:
+            await self._adopt_workers()
+        else:
+            self._event("run_started", expected_workers=self._expected_initial)
+        self._adopted.set()
         self._top_up_workers()
         while not self._state.terminal:
             try:
@@ -112,17 +123,19 @@ class Supervisor:
         await self._shut_down()
         return RunSummary(self._state, self._error, self._metrics, self._history, self._committed, self._events)
 
-    def _recover_storage(self) -> None:
+    def _recover_storage(self, sweep: bool) -> None:
         """Find where an earlier run with this name left off: the newest committed checkpoint whose
-        files verify. Newer ones that do not, and torn folders (no manifest), are removed: the run
-        goes on from the whole one and will write those indices again."""
+        files verify. Newer ones that do not, and (if `sweep`) torn folders (no manifest), are removed:
+        the run goes on from the whole one and will write those indices again."""
         committed = self._storage.committed()
         whole, corrupt = self._storage.newest_whole(committed)
         bad = {c.index for c, _ in corrupt}
         self._committed = [c for c in committed if c.index not in bad]
         for c, problems in corrupt:
             self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
-        self._sweep_torn()
+            self._storage.delete(c.index)
+        if sweep:
+            self._sweep_torn()
         if whole is not None:
             self._event("restored_from_storage", index=whole.index, path=whole.path)
 
@@ -133,6 +146,40 @@ class Supervisor:
             if index not in keep:
                 logger.info("removing %s: it was never committed, or is corrupt", self._storage.folder(index))
                 self._storage.delete(index)
+
+    async def _adopt_workers(self) -> None:
+        """After a restart: adopt the workers that describe themselves. The members of their newest
+        generation go on where they are (their in-flight calls are retried here); if a rank of it is
+        missing, the generation is re-formed from what the members hold in memory."""
+        found, self._next_worker_id = await describe_workers(self._worker_prefix,
+                                                             self._elastic.supervisor_adoption_timeout_s)
+        infos = [info for _, info in found]
+        generation = max((i.generation for i in infos), default=-1)
+        members = [i for i in infos if i.generation == generation and i.rank >= 0]
+        now = time.monotonic()
+        for handle, info in found:
+            member = info in members
+            record = WorkerRecord(
+                info.worker_id, handle, status=WorkerStatus.MEMBER if member else WorkerStatus.STARTING,
+                node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now,
+                generation=info.generation if member else -1, rank=info.rank if member else -1,
+            )
+            self._workers[info.worker_id] = record
+            self._track(self._watch(record, handle.wait_stopped.remote()))
+        self._event("supervisor_restarted", adopted=sorted(i.worker_id for i in infos), generation=generation,
+                    members={i.worker_id: i.rank for i in members}, index=max((i.index for i in members), default=0))
+        if not members:
+            self._transition(RunState.SCHEDULING, reason="supervisor restarted before the first generation")
+            return
+        self._generation, self._world_size = generation, members[0].world_size
+        self._ledger.adopt(generation, self._world_size, members)
+        self._max_index = max(m.index for m in members)
+        self._event("generation", generation=generation, world_size=self._world_size, adopted=True,
+                    members={m.worker_id: {"rank": m.rank, "pid": m.pid, "node": m.node_id} for m in members})
+        self._transition(RunState.RUNNING, reason="supervisor restarted", generation=generation)
+        missing = set(range(self._world_size)) - {m.rank for m in members}
+        if missing:
+            self._restart(f"supervisor restarted; rank(s) {sorted(missing)} of generation {generation} not found")
 
     def _step(self, now: float) -> None:
         self._drop_silent_workers(now)
@@ -340,24 +387,29 @@ class Supervisor:
             worker_id = self._next_worker_id
             self._next_worker_id += 1
             actor = self._worker_class.options(
+                name=worker_name(self._worker_prefix, worker_id),
+                lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
                 num_cpus=resources.get("CPU", 0),
                 num_gpus=resources.get("GPU", 0),
                 resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
-                max_concurrency=4,
+                max_concurrency=6,
                 scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
             ).remote(worker_id, self._self_handle, self._spec)
             record = WorkerRecord(worker_id, actor)
             self._workers[worker_id] = record
             self._track(self._watch(record, actor.run.remote()))
 
-    async def _watch(self, worker: WorkerRecord, run_ref: Any) -> None:
+    async def _watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
+        """Wait for a worker's run to end (`run` or `wait_stopped`); a dead actor is a lost worker.
+        A worker whose run ended is killed: it is a detached actor, nothing else would end it."""
         try:
-            await run_ref
+            await ended_ref
         except ray.exceptions.RayActorError as exc:
             self._lose(worker, f"actor died: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
             self._lose(worker, f"worker runtime failed: {exc!r}")
         else:
+            ray.kill(worker.actor)
             if not worker.draining:
                 return
             worker.status = WorkerStatus.LOST  # drained: its replacement may start where capacity is
@@ -388,6 +440,9 @@ class Supervisor:
             self._elastic.persist_flush_timeout_s if flushing else 0.0)
         while self._tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
+        for w in self._workers.values():
+            if w.actor is not None:
+                ray.kill(w.actor)  # detached actors: whatever has not ended by now is ended here
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self._sweep_torn)
@@ -417,8 +472,15 @@ class Supervisor:
         return [w for w in self._with(WorkerStatus.PARKED) if not self._is_member(w)]
 
     # == called by workers ==========================================================================
+    async def _record(self, worker_id: int) -> WorkerRecord | None:
+        """The record of a calling worker, once adoption is done; None for one that was not adopted."""
+        await self._adopted.wait()
+        return self._workers.get(worker_id)
+
     async def worker_started(self, worker_id: int, node_id: str, ip: str, pid: int) -> None:
-        w = self._workers[worker_id]
+        w = await self._record(worker_id)
+        if w is None:
+            return
         if w.status is WorkerStatus.PENDING:
             w.status = WorkerStatus.STARTING
         w.node_id, w.ip, w.pid, w.last_heartbeat = node_id, ip, pid, time.monotonic()
@@ -426,7 +488,9 @@ class Supervisor:
 
     async def park(self, worker_id: int, outcome: Outcome, free_port: int) -> Assignment | Stop:
         """A worker left its generation (or is new) and waits for its next place."""
-        w = self._workers[worker_id]
+        w = await self._record(worker_id)
+        if w is None:
+            return Stop("this worker was not adopted by the restarted supervisor")
         if self._state.terminal:
             return self._stop("run is over")
         if w.status is WorkerStatus.LOST:
@@ -442,7 +506,9 @@ class Supervisor:
         return await waiting
 
     async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
-        w = self._workers[worker_id]
+        w = await self._record(worker_id)
+        if w is None:
+            return HeartbeatReply(active_generation=None, fenced=True)
         fenced = w.status is WorkerStatus.LOST
         if fenced:
             self._event("fenced_heartbeat", worker_id=worker_id, pid=w.pid, generation=generation)
@@ -461,7 +527,9 @@ class Supervisor:
         names: list[str] | None,
         loader_states: list[dict[str, Any]],
     ) -> ReportReply:
-        w = self._workers[worker_id]
+        w = await self._record(worker_id)
+        if w is None:
+            return ReportReply(accepted=False)
         if generation != self._generation or w.status is not WorkerStatus.MEMBER or self._state is RunState.RESTARTING:
             self._event("stale_report_rejected", worker_id=worker_id, pid=w.pid, generation=generation,
                         index=index, current_generation=self._generation)
@@ -481,6 +549,7 @@ class Supervisor:
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
+        await self._adopted.wait()
         entry = self._ledger.mark_persisted(index, worker_id, facts)
         if entry is None or entry.generation != generation or not entry.ready_to_commit:
             return
@@ -497,6 +566,7 @@ class Supervisor:
 
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""
+        await self._adopted.wait()
         entry = self._ledger.entries.get(index)
         if entry is not None and entry.generation == generation:
             entry.given_up = True
@@ -506,8 +576,8 @@ class Supervisor:
     async def preemption_notice(self, worker_id: int, source: str, seconds_left: float | None) -> None:
         """A worker's machine is about to go: re-form the group without it at the next report,
         while it still serves its checkpoint from memory."""
-        w = self._workers[worker_id]
-        if w.draining or w.status is WorkerStatus.LOST:
+        w = await self._record(worker_id)
+        if w is None or w.draining or w.status is WorkerStatus.LOST:
             return
         w.draining = True
         self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
@@ -521,10 +591,12 @@ class Supervisor:
 
     async def worker_actor(self, worker_id: int) -> Any:
         """The actor handle of a worker (for fault injectors attached from outside)."""
-        return self._workers[worker_id].actor
+        w = await self._record(worker_id)
+        return w.actor if w is not None else None
 
     async def storage_failed(self, worker_id: int, message: str) -> None:
         """A worker met a permanent storage error: the run cannot persist anything, so it fails."""
+        await self._adopted.wait()
         self._event("storage_failed", worker_id=worker_id, message=message)
         if not self._state.terminal:
             self._fail(message)

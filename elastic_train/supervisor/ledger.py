@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.protocol import ResumePlan
+from elastic_train.protocol import ResumePlan, WorkerInfo
 
 
 @dataclass
@@ -72,6 +72,19 @@ class CheckpointLedger:
             entry.metrics = metrics
             entry.loader_states = loader_states
         return entry
+
+    def adopt(self, generation: int, world_size: int, members: list[WorkerInfo]) -> None:
+        """Rebuild the entries of `generation` from what its members hold in memory (a restarted
+        supervisor). Every member started the generation at the same index and reports in lockstep,
+        so one that reached index `i` has reported `i`."""
+        for m in members:
+            for held in m.held:
+                if held.generation == generation:
+                    entry = self.entries.setdefault(held.index, ReportEntry(generation, world_size))
+                    entry.parts[held.rank] = (m.worker_id, held.names)
+                    entry.loader_states = held.loader_states  # global positions: alike on every rank
+        for index, entry in self.entries.items():
+            entry.reported_ranks.update(m.rank for m in members if m.index >= index)
 
     def mark_persisted(self, index: int, worker_id: int, facts: dict[str, dict[str, Any]]) -> ReportEntry | None:
         """Note that `worker_id` stored its part of checkpoint `index`; returns the entry, if still known."""

@@ -4,6 +4,8 @@
     RUNNING ----(capacity for more workers: unwind at the next report)-> RESIZING
     RUNNING/RESIZING --(a member lost, a collective or user code failed)-> RESTARTING
     RESIZING/RESTARTING --(every survivor parked)--> RUNNING (next generation), or SCHEDULING (< min)
+    ADOPTING (a restarted supervisor) --(workers found)--> RUNNING (their generation goes on),
+        RESTARTING (ranks of it are missing), or SCHEDULING (no generation yet)
     any ---> FINISHED (the loop returned) | ERRORED (failures over budget, no capacity)
 """
 
@@ -13,6 +15,7 @@ import enum
 
 
 class RunState(str, enum.Enum):
+    ADOPTING = "ADOPTING"
     SCHEDULING = "SCHEDULING"
     RUNNING = "RUNNING"
     RESIZING = "RESIZING"
@@ -26,6 +29,7 @@ class RunState(str, enum.Enum):
 
 
 _ALLOWED = {
+    RunState.ADOPTING: {RunState.RUNNING, RunState.SCHEDULING, RunState.ERRORED},
     RunState.SCHEDULING: {RunState.RUNNING, RunState.ERRORED},
     RunState.RUNNING: {RunState.RESIZING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
     RunState.RESIZING: {RunState.RUNNING, RunState.RESTARTING, RunState.SCHEDULING, RunState.FINISHED,

@@ -19,7 +19,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import ElasticConfig
-from elastic_train.protocol import Assignment, Exit, Outcome, Stop
+from elastic_train.protocol import Assignment, Exit, Outcome, Stop, WorkerInfo
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
@@ -67,6 +67,9 @@ class TrainWorker:
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s
         )
         self._generation: int | None = None
+        self._assignment: Assignment | None = None  # the last generation's place
+        self._session: TrainSession | None = None  # the last generation's session
+        self._stopped = threading.Event()
         self._superseded = threading.Event()
         self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed)
         elastic = spec.elastic
@@ -78,10 +81,10 @@ class TrainWorker:
             elastic.preemption_sigterm_grace_s,
         )
         ctx = ray.get_runtime_context()
+        self._node_id, self._ip = ctx.get_node_id(), ray.util.get_node_ip_address()
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
         # of one process are not ordered).
-        ray.get(supervisor.worker_started.remote(worker_id, ctx.get_node_id(), ray.util.get_node_ip_address(),
-                                                 os.getpid()))
+        ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid()))
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
@@ -97,17 +100,41 @@ class TrainWorker:
     def read_checkpoint(self, index: int, names: list[str]) -> dict[str, bytes]:
         return self._memory.get(index, names)
 
+    def describe(self) -> WorkerInfo:
+        """Where this worker stands, for a restarted supervisor to adopt it."""
+        place, session = self._assignment, self._session
+        return WorkerInfo(
+            worker_id=self.worker_id,
+            node_id=self._node_id,
+            ip=self._ip,
+            pid=os.getpid(),
+            generation=place.generation if place else -1,
+            rank=place.rank if place else -1,
+            world_size=place.world_size if place else 0,
+            index=session.index if session else 0,
+            running=self._generation is not None,
+            held=self._memory.holdings(),
+        )
+
+    def wait_stopped(self) -> None:
+        """Returns when this worker's run has ended: a restarted supervisor watches adopted workers with it."""
+        self._stopped.wait()
+
     # -- the member loop ------------------------------------------------------------------------
     def run(self) -> str:
         heartbeat = HeartbeatSender(
             self._supervisor, self.worker_id, self._spec.elastic.heartbeat_interval_s,
-            lambda: self._generation, self._on_superseded,
+            lambda: self._generation, self._on_superseded, self._on_supervisor_gone,
         )
         heartbeat.start()
         outcome = Outcome(Exit.JOINED)
         try:
             while True:
-                place = ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
+                try:
+                    place = ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
+                except ray.exceptions.RayActorError:
+                    self._on_supervisor_gone()
+                    return "the supervisor is gone"
                 if isinstance(place, Stop):
                     logger.info("worker %d stops: %s", self.worker_id, place.reason)
                     self._flush_on_stop(place)
@@ -117,11 +144,12 @@ class TrainWorker:
             heartbeat.stop()
             self._notices.stop()
             self._persister.close(self._spec.elastic.drain_timeout_s)
+            self._stopped.set()
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
         generation = assignment.generation
         self._superseded.clear()
-        self._generation = generation
+        self._generation, self._assignment = generation, assignment
         try:
             self._group.join(assignment)
         except Exception:  # noqa: BLE001 - a peer vanished during rendezvous
@@ -139,6 +167,7 @@ class TrainWorker:
             self._spec.elastic.drain_timeout_s,
         )
         set_session(session)
+        self._session = session
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
                     assignment.rank, assignment.world_size)
         try:
@@ -166,6 +195,12 @@ class TrainWorker:
             self._group.leave()
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
+
+    def _on_supervisor_gone(self) -> None:
+        """The supervisor is dead for good (restarts spent, or the driver died): this worker is an orphan.
+        Workers are detached actors (they outlive a supervisor that Ray restarts), so it ends itself."""
+        logger.error("worker %d: the supervisor is gone for good; exiting", self.worker_id)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def _on_superseded(self, generation: int) -> None:
         if self._generation == generation:

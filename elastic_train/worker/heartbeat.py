@@ -2,6 +2,7 @@
 
 The reply is how a survivor stuck in a collective learns that a peer is gone: it then aborts the
 process group so the stuck operation fails and the loop can be re-entered in the next generation.
+While Ray restarts the supervisor, heartbeats wait; if it is gone for good, the worker is told.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ class HeartbeatSender:
         interval_s: float,
         current_generation: Callable[[], int | None],
         on_superseded: Callable[[int], None],
+        on_supervisor_gone: Callable[[], None],
     ):
         self._supervisor = supervisor
         self._worker_id = worker_id
         self._interval_s = interval_s
         self._current_generation = current_generation
         self._on_superseded = on_superseded
+        self._on_supervisor_gone = on_supervisor_gone
         self._stop = threading.Event()
         self._process = psutil.Process(os.getpid())
         self._process.cpu_percent()  # prime the counter
@@ -56,9 +59,10 @@ class HeartbeatSender:
                     timeout=self._interval_s * 4,
                 )
             except ray.exceptions.GetTimeoutError:
-                continue
+                continue  # the supervisor is busy, or being restarted (the call is retried on the new one)
             except ray.exceptions.RayActorError:
-                logger.warning("the supervisor is gone; this worker stops heartbeating")
+                if not self._stop.is_set():
+                    self._on_supervisor_gone()
                 return
             if generation is not None and (reply.fenced or reply.active_generation != generation):
                 self._on_superseded(generation)

@@ -19,7 +19,7 @@ import ray
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.protocol import Assignment, ReportReply, ResumePlan
+from elastic_train.protocol import Assignment, HeldCheckpoint, ReportReply, ResumePlan
 from elastic_train.worker.persister import PartUpload
 
 logger = logging.getLogger(__name__)
@@ -42,13 +42,19 @@ class CheckpointMemory:
     def __init__(self, keep: int):
         self._keep = keep
         self._parts: OrderedDict[int, dict[str, bytes]] = OrderedDict()
+        self._held: dict[int, HeldCheckpoint] = {}
         self._lock = threading.Lock()
 
-    def put(self, index: int, files: dict[str, bytes]) -> None:
+    def put(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         with self._lock:
-            self._parts[index] = files
+            self._parts[held.index], self._held[held.index] = files, held
             while len(self._parts) > self._keep:
-                self._parts.popitem(last=False)
+                del self._held[self._parts.popitem(last=False)[0]]
+
+    def holdings(self) -> list[HeldCheckpoint]:
+        """What is held, for a restarted supervisor."""
+        with self._lock:
+            return [self._held[i] for i in self._parts]
 
     def get(self, index: int, names: list[str]) -> dict[str, bytes]:
         with self._lock:
@@ -56,10 +62,6 @@ class CheckpointMemory:
             if part is None or any(n not in part for n in names):
                 raise KeyError(f"checkpoint {index} is no longer held by this worker")
             return {n: part[n] for n in names}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._parts.clear()
 
 
 @dataclass
@@ -132,16 +134,18 @@ class TrainSession:
             raise GenerationEnded()
         self.index += 1
         files = checkpoint.files() if checkpoint is not None else None
-        if files is not None:
-            self._memory.put(self.index, files)
         assignment = self.context.assignment
+        loader_states = [loader.loader_state() for loader in self._loaders]
+        if files is not None:
+            self._memory.put(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
+                                            loader_states), files)
         reply = self._supervisor.report.remote(
             self.worker_id,
             assignment.generation,
             self.index,
             dict(metrics) if assignment.rank == 0 else None,
             sorted(files) if files is not None else None,
-            [loader.loader_state() for loader in self._loaders],
+            loader_states,
         )
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         previous, self._in_flight = self._in_flight, (self.index, reply, part)

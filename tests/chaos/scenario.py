@@ -63,6 +63,20 @@ def recovery_times(log_dir: str, faults: list[dict[str, Any]]) -> list[float]:
     return out
 
 
+def longest_stalls(log_dir: str, faults: list[dict[str, Any]], window_s: float = 30.0) -> list[float]:
+    """Per fault: the longest gap between two consecutive steps of rank 0 after it, up to the next
+    fault (at most `window_s` on)."""
+    times = sorted(p["time"] for p in read_progress(log_dir) if p.get("rank") == 0 and "step" in p)
+    starts = [f["time"] for f in faults]
+    out = []
+    for start, end in zip(starts, starts[1:] + [float("inf")]):
+        end = min(end, start + window_s)
+        before = [t for t in times if t <= start][-1:]
+        around = before + [t for t in times if start < t <= end]
+        out.append(round(max((b - a for a, b in zip(around, around[1:])), default=0.0), 3))
+    return out
+
+
 def check_invariants(result: et.Result, run_dirs: dict, faults: int, *, redone_per_fault: int = 1,
                      storage_options: dict | None = None) -> dict[str, Any]:
     """The run finished every step, with a fault-free run's parameters, every sample once per

@@ -14,7 +14,7 @@ from chaos import schedules
 from chaos.harness import ChaosRunner
 from chaos.storage_proxy import FaultyStorageProxy
 from chaos.traces import read_trace
-from tests.chaos.scenario import attach, chaos_trainer, check_invariants, recovery_times
+from tests.chaos.scenario import attach, chaos_trainer, check_invariants, longest_stalls, recovery_times
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background
 
@@ -31,11 +31,12 @@ def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fa
     result = join(240)
     runner.stop()
     faults = [e for e in ctx.log.entries if e["kind"] in ("sigkill", "kill-actor", "hang", "preempt-notice",
-                                                          "lose-node", "storage")]
+                                                          "lose-node", "storage", "kill-supervisor")]
     assert faults, "no fault was injected"
     figures = check_invariants(result, run_dirs, len(faults), redone_per_fault=redone_per_fault,
                                storage_options=storage_options)
-    figures.update(faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults))
+    figures.update(faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults),
+                   stall_s=longest_stalls(run_dirs["log_dir"], faults))
     Path(run_dirs["log_dir"], "scenario.json").write_text(json.dumps(figures))
     return figures
 
@@ -66,6 +67,14 @@ def test_two_workers_at_once(local_ray, run_dirs):
 @pytest.mark.timeout(300)
 def test_poisson_kills(local_ray, run_dirs):
     _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.poisson(3.0, 3, seed=4), "sigkill", "random")
+
+
+@pytest.mark.timeout(300)
+def test_supervisor_killed_twice_mid_run(local_ray, run_dirs):
+    """Ray restarts the supervisor; it adopts the workers, whose generation goes on: no step redone."""
+    figures = _run(run_dirs, chaos_trainer(run_dirs, (1, 2)), 2, schedules.every(3.0, 2), "kill-supervisor",
+                   "rank0", redone_per_fault=0)
+    assert figures["world_sizes"] == [2]
 
 
 @pytest.mark.timeout(300)
