@@ -95,17 +95,17 @@ def sample_counting_loop(config: dict) -> None:
     from elastic_train.torch import prepare_data_loader
 
     n, epochs = config["samples"], config["epochs"]
-    counts, start_epoch = torch.zeros(n), 0
+    counts, step = torch.zeros(n), 0
     checkpoint = et.get_checkpoint()
     if checkpoint is not None:
         state = checkpoint.to_dict()
-        counts, start_epoch = state["counts"], state["epoch"]
+        counts, step = state["counts"], state["step"]
     loader = prepare_data_loader(
         DataLoader(torch.arange(n), batch_size=4, shuffle=True), global_batch_size=config["global_batch_size"]
     )
     ctx = et.get_context()
-    step = et.get_checkpoint() and et.get_checkpoint().to_dict()["step"] or 0
-    for epoch in range(start_epoch, epochs):
+    # The loader knows the epoch to go on in: a checkpoint of an epoch's last step resumes in the next.
+    for epoch in range(loader.epoch, epochs):
         for batch in loader:
             step += 1
             fault_once(config, step, ctx.get_world_rank())

@@ -5,6 +5,7 @@ run did not crash). The recovery figures are written to <log_dir>/scenario.json.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,11 @@ def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fa
     assert faults, "no fault was injected"
     figures = check_invariants(result, run_dirs, len(faults), redone_per_fault=redone_per_fault,
                                storage_options=storage_options)
+    return _record(run_dirs, figures, faults)
+
+
+def _record(run_dirs: dict, figures: dict, faults: list[dict]) -> dict:
+    """Add the recovery figures of `faults` and write them to <log_dir>/scenario.json (see report.py)."""
     figures.update(faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults),
                    stall_s=longest_stalls(run_dirs["log_dir"], faults))
     Path(run_dirs["log_dir"], "scenario.json").write_text(json.dumps(figures))
@@ -92,10 +98,11 @@ def test_preemption_notice_from_cloud_metadata_loses_no_step(local_ray, run_dirs
     join = fit_in_background(chaos_trainer(run_dirs, (1, 2), elastic=elastic))
     ctx = attach(run_dirs, 2)
     rank1 = next(m for m in ctx.run.members() if m.rank == 1)
+    notice = {"time": time.time(), "kind": "preempt-notice"}
     metadata.post_notice(5.0, pids={rank1.pid})
     result = join(240)
     metadata.close()
-    check_invariants(result, run_dirs, 1, redone_per_fault=0)
+    _record(run_dirs, check_invariants(result, run_dirs, 1, redone_per_fault=0), [notice])
     notices = [e for e in result.events if e["kind"] == "preemption_notice"]
     assert [(e["pid"], e["source"]) for e in notices] == [(rank1.pid, cloud)]
 
@@ -118,7 +125,8 @@ def test_node_holding_rank_0_lost_then_a_node_added(three_node_cluster, run_dirs
     ChaosRunner(ctx, schedules.at([0.5]), fault="lose-node", target="node-of-rank0").run()
     ChaosRunner(ctx, schedules.at([2.0]), fault="add-node").run()
     result = join(240)
-    check_invariants(result, run_dirs, 1)
+    _record(run_dirs, check_invariants(result, run_dirs, 1),
+            [e for e in ctx.log.entries if e["kind"] == "lose-node"])
     assert 2 in result.world_sizes and result.world_sizes[-1] == 3
 
 
@@ -136,4 +144,4 @@ def test_replay_of_a_real_spot_trace(three_node_cluster, run_dirs):
     runner.stop()
     lost = [e for e in ctx.log.entries if e["kind"] == "lose-node"]
     assert lost, "the replayed trace removed no node"
-    check_invariants(result, run_dirs, len(lost))
+    _record(run_dirs, check_invariants(result, run_dirs, len(lost)), lost)
