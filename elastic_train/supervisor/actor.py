@@ -457,7 +457,8 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     def _event(self, kind: str, **details: Any) -> None:
-        self._events.append({"t": round(time.monotonic() - self._started, 4), "kind": kind, **details})
+        self._events.append({"t": round(time.monotonic() - self._started, 4), "time": time.time(), "kind": kind,
+                             **details})
 
     def _with(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self._workers.values() if w.status is status]

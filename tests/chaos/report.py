@@ -25,7 +25,7 @@ def table(basetemp: Path) -> str:
             "| --- | --- | --- | --- | --- | --- |"]
     for path in sorted({p.resolve() for p in basetemp.glob("*/log/scenario.json")}):
         f = json.loads(path.read_text())
-        name = path.parent.parent.name.removeprefix("test_")[:-1]  # pytest numbers each test's folder
+        name = f.get("scenario") or path.parent.parent.name
         recovery, stall = f.get("recovery_s", []), f.get("stall_s", [])
         rows.append(f"| {name} | {f['faults']} | {f['redone']} | {f['world_sizes']} | "
                     f"{_median(recovery)}, {max(recovery, default=0):.2f} s | {_median(stall)}, {max(stall, default=0):.2f} s |")

@@ -5,6 +5,7 @@ run did not crash). The recovery figures are written to <log_dir>/scenario.json.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fa
 
 def _record(run_dirs: dict, figures: dict, faults: list[dict]) -> dict:
     """Add the recovery figures of `faults` and write them to <log_dir>/scenario.json (see report.py)."""
-    figures.update(faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults),
+    scenario = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
+    figures.update(scenario=scenario, faults=len(faults), recovery_s=recovery_times(run_dirs["log_dir"], faults),
                    stall_s=longest_stalls(run_dirs["log_dir"], faults))
     Path(run_dirs["log_dir"], "scenario.json").write_text(json.dumps(figures))
     return figures
