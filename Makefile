@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install -q $(PIP_ARGS) -c $(VENV)/torch-constraint.txt -e ".[test]"
+	$(PY) -m pip install -q $(PIP_ARGS) -c $(VENV)/torch-constraint.txt -e ".[test,bench]"
 	touch $@
 
 demo: install

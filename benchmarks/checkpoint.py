@@ -47,7 +47,6 @@ import importlib
 import json
 import logging
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -68,6 +67,7 @@ from moto.server import ThreadedMotoServer
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
+from benchmarks.common import machine_facts
 from elastic_train.checkpoint.manifest import Manifest, file_facts
 from elastic_train.checkpoint.storage import RunStorage
 
@@ -376,6 +376,34 @@ def stall_benchmark(steps: int, step_time: float, with_default_poll: bool, out: 
 
 # -- main -------------------------------------------------------------------------------------------
 
+def table(report: dict[str, Any]) -> str:
+    """The report's markdown tables."""
+    lines: list[str] = []
+    if "storage" in report:
+        s = report["storage"]
+        lines += [f"storage: {s['shards']} x {s['shard_mb']} MB, median of {s['repeats']}; ours hashes every byte "
+                  f"(SHA-256 alone: {s['sha256_mb_per_s']:.0f} MB/s here)", "",
+                  "| store | op | ours MB/s | raw MB/s | ours/raw |", "| --- | --- | --- | --- | --- |"]
+        for store in s["stores"]:
+            for op, row in store["ops"].items():
+                lines.append(f"| {store['store']} | {op} | {row['ours']['mb_per_s']:.0f} | {row['raw']['mb_per_s']:.0f} "
+                             f"| {row['ratio_ours_over_raw']:.2f} |")
+        lines.append("")
+    if "stall" in report:
+        s = report["stall"]
+        lines += [f"stall: rank 0's report() of an ~8 MB checkpoint, {s['steps']} steps of "
+                  f"{s['step_time_s'] * 1000:.0f} ms, first {s['skipped_first_steps']} skipped", "",
+                  "| system | report() median | p90 | median % of step | loop | fit wall | fit - steps x step "
+                  "| start-up | tear-down | persisted |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in s["systems"]:
+            lines.append(f"| {r['label']} | {r['report_s_median'] * 1000:.1f} ms | {r['report_s_p90'] * 1000:.1f} ms "
+                         f"| {r['report_median_pct_of_step']:.1f}% | {r['loop_wall_s']:.1f} s | {r['fit_wall_s']:.1f} s "
+                         f"| {r['fit_overhead_s']:.1f} s | {r['fit_to_first_step_s']:.1f} s "
+                         f"| {r['last_step_to_fit_return_s']:.1f} s | {r['checkpoints_persisted']}/{r['steps']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -405,8 +433,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "benchmark": "checkpoint",
         "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "ray": ray.__version__, "fsspec": fsspec.__version__},
+        "machine": {**machine_facts(), "fsspec": fsspec.__version__},
     }
     if "storage" in parts:
         report["storage"] = storage_benchmark(shard_mb, repeats)
@@ -415,28 +442,7 @@ def main() -> None:
     report["total_wall_s"] = round(time.monotonic() - started, 2)
     (out / "checkpoint.json").write_text(json.dumps(report, indent=2) + "\n")
 
-    if "storage" in report:
-        s = report["storage"]
-        print(f"\nstorage: {s['shards']} x {s['shard_mb']} MB, median of {s['repeats']}; ours hashes every byte "
-              f"(SHA-256 alone: {s['sha256_mb_per_s']:.0f} MB/s here)")
-        print("| store | op | ours MB/s | raw MB/s | ours/raw |")
-        print("| --- | --- | --- | --- | --- |")
-        for store in s["stores"]:
-            for op, row in store["ops"].items():
-                print(f"| {store['store']} | {op} | {row['ours']['mb_per_s']:.0f} | {row['raw']['mb_per_s']:.0f} "
-                      f"| {row['ratio_ours_over_raw']:.2f} |")
-    if "stall" in report:
-        s = report["stall"]
-        print(f"\nstall: rank 0's report() of an ~8 MB checkpoint, {s['steps']} steps of "
-              f"{s['step_time_s'] * 1000:.0f} ms, first {s['skipped_first_steps']} skipped")
-        print("| system | report() median | p90 | median % of step | loop | fit wall | fit - steps x step "
-              "| start-up | tear-down | persisted |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for r in s["systems"]:
-            print(f"| {r['label']} | {r['report_s_median'] * 1000:.1f} ms | {r['report_s_p90'] * 1000:.1f} ms "
-                  f"| {r['report_median_pct_of_step']:.1f}% | {r['loop_wall_s']:.1f} s | {r['fit_wall_s']:.1f} s "
-                  f"| {r['fit_overhead_s']:.1f} s | {r['fit_to_first_step_s']:.1f} s "
-                  f"| {r['last_step_to_fit_return_s']:.1f} s | {r['checkpoints_persisted']}/{r['steps']} |")
+    print(table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'checkpoint.json'}")
 
 

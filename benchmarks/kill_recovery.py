@@ -34,7 +34,6 @@ import importlib
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -50,6 +49,7 @@ import torch
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
+from benchmarks.common import machine_facts
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -202,6 +202,19 @@ def _median_spread(s: dict[str, Any], name: str) -> str:
     return f"{s[f'{name}_median']:.3f} s ({s[f'{name}_min']:.3f}-{s[f'{name}_max']:.3f})"
 
 
+def table(report: dict[str, Any]) -> str:
+    """The report's markdown table."""
+    rows = ["| system | kills | kill -> next step: median (min-max) | kill -> 2 workers again: median (min-max) "
+            "| steps redone: total (median) | rank-0 steps at world size | step | wall |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in report["systems"]:
+        sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
+        rows.append(f"| {s['system']} | {s['kills']} | {_median_spread(s, 'resume_s')} "
+                    f"| {_median_spread(s, 'full_size_s')} | {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
+                    f"| {sizes} | {s['step_s_median']:.3f} s | {s['wall_s']:.1f} s |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=10)
@@ -236,19 +249,11 @@ def main() -> None:
         "step_time_s": args.step_time,
         "ray_train_health_check_interval_s": args.ray_poll_s,
         "total_wall_s": round(time.monotonic() - started, 2),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "ray": ray.__version__},
+        "machine": machine_facts(),
         "systems": results,
     }
     (out / "kill_recovery.json").write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| system | kills | kill -> next step: median (min-max) | kill -> 2 workers again: median (min-max) "
-          "| steps redone: total (median) | rank-0 steps at world size | step | wall |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for s in results:
-        sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
-        print(f"| {s['system']} | {s['kills']} | {_median_spread(s, 'resume_s')} | {_median_spread(s, 'full_size_s')} "
-              f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) | {sizes} | {s['step_s_median']:.3f} s "
-              f"| {s['wall_s']:.1f} s |")
+    print("\n" + table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'kill_recovery.json'}")
 
 
