@@ -51,18 +51,21 @@ class HeartbeatSender:
         return {"rss_bytes": float(self._process.memory_info().rss), "cpu_percent": self._process.cpu_percent()}
 
     def _loop(self) -> None:
+        pending: tuple[Any, int | None] | None = None  # the heartbeat in flight, and the generation it spoke for
         while not self._stop.wait(self._interval_s):
-            generation = self._current_generation()
+            if pending is None:
+                generation = self._current_generation()
+                pending = (self._supervisor.heartbeat.remote(self._worker_id, generation, self._facts()), generation)
             try:
-                reply: HeartbeatReply = ray.get(
-                    self._supervisor.heartbeat.remote(self._worker_id, generation, self._facts()),
-                    timeout=self._interval_s * 4,
-                )
+                reply: HeartbeatReply = ray.get(pending[0], timeout=self._interval_s * 4)
             except ray.exceptions.GetTimeoutError:
-                continue  # the supervisor is busy, or being restarted (the call is retried on the new one)
+                # The supervisor is busy, or being restarted (the call is retried on the new one). Wait for this
+                # heartbeat rather than queue another behind it: a backlog would delay every worker's beats.
+                continue
             except ray.exceptions.RayActorError:
                 if not self._stop.is_set():
                     self._on_supervisor_gone()
                 return
+            generation, pending = pending[1], None
             if generation is not None and (reply.fenced or reply.active_generation != generation):
                 self._on_superseded(generation)
