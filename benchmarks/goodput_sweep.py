@@ -1,0 +1,71 @@
+"""Goodput against the failure interval, elastic_train next to Ray Train.
+
+Why: a recovery that costs seconds matters little when machines fail once an hour and dominates
+when they fail every few seconds. Sweeping the interval between failures shows where each system's
+goodput (the compute time of the steps that count over wall time) falls off.
+
+What: the workload and the measurements of `benchmarks/preemption.py`, under a fixed schedule of
+`--faults` SIGKILLs of a random worker, one every T seconds, for each T of `--intervals`; both
+systems run the same schedule, one after the other.
+
+    python -m benchmarks.goodput_sweep --quick --out /tmp/bench_goodput
+    python -m benchmarks.goodput_sweep --intervals 10,30,60 --faults 4 --out results/goodput_sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from benchmarks.common import machine_facts
+from benchmarks.preemption import ROOT, SYSTEMS, Fault, run
+
+logger = logging.getLogger("benchmarks.goodput_sweep")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="intervals 10 and 30 s, 2 faults each")
+    parser.add_argument("--intervals", default="10,30,60", help="comma-separated seconds between failures")
+    parser.add_argument("--faults", type=int, default=4, help="failures per interval")
+    parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
+    parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "goodput_sweep")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    intervals, count = ([10.0, 30.0], 2) if args.quick else ([float(x) for x in args.intervals.split(",")], args.faults)
+    out = args.out.resolve()
+    started = time.monotonic()
+    points = []
+    for interval in intervals:
+        faults = [Fault(interval * (i + 1), "fixed") for i in range(count)]
+        steps = int((faults[-1].at_s + interval) / args.step_time)
+        folder = out / f"interval_{interval:g}s"
+        folder.mkdir(parents=True, exist_ok=True)
+        report = run(list(SYSTEMS), faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
+                     {"interval_s": interval, "steps": steps, "step_time_s": args.step_time}, label="run",
+                     with_plot=False)
+        for s in report["systems"]:
+            points.append({"interval_s": interval, "system": s["system"], "goodput": s["goodput"],
+                           "resume_s_median": s["resume_s_median"], "steps_redone_total": s["steps_redone_total"],
+                           "faults": s["faults"]})
+    summary = {"benchmark": "goodput_sweep", "faults_per_interval": count, "step_time_s": args.step_time,
+               "ray_train_health_check_interval_s": args.ray_poll_s, "machine": machine_facts(),
+               "total_wall_s": round(time.monotonic() - started, 2), "points": points}
+    (out / "goodput_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n| failure interval | system | goodput | resume median | steps redone |")
+    print("| --- | --- | --- | --- | --- |")
+    for p in points:
+        print(f"| {p['interval_s']:g} s | {p['system']} | {p['goodput']:.3f} | {p['resume_s_median']} s "
+              f"| {p['steps_redone_total']} |")
+    print(f"\ntotal {summary['total_wall_s']:.1f} s; {out / 'goodput_sweep.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Fault-free throughput: elastic_train against plain PyTorch DDP on the same model and loop.
+
+Why: elastic_train's recovery is paid for on every step, failure or not: `report()` sends a call to
+the supervisor (and settles the previous one), a heartbeat thread runs beside the loop, and with a
+checkpoint the report copies its files into memory for a background upload. This measures what
+that costs a run that never fails, against the same loop under plain `torch.distributed` DDP with
+no Ray at all, side by side in one run (this machine is noisy: compare the ratios of one run).
+
+What: one loop, written once: 2 ranks, a small MLP (4 x Linear(64, 64) + ReLU, batch 32 per rank,
+SGD with momentum, one intra-op thread per rank), a fixed simulated compute time per step
+(`time.sleep`), run at `--step-time` and at 0 s (the worst case: nothing hides the per-step cost).
+Each rank takes a `time.perf_counter()` timestamp as every step starts and after the last one, and
+writes them to a file in the run's log folder when the loop ends. Variants:
+
+* `plain_ddp`: 2 processes from `torch.multiprocessing` (spawn), gloo over 127.0.0.1
+  (MASTER_ADDR / MASTER_PORT on a free port), `DistributedDataParallel`; no report.
+* `elastic_train`: `TorchTrainer` with `ScalingConfig(num_workers=2)` on a fresh Ray instance,
+  `prepare_model`, and `report(metrics)` every step on every rank.
+* `elastic_train+checkpoint`: the same, and a checkpoint every step: rank 0 torch.saves model +
+  optimizer state into a temporary directory and reports `Checkpoint.from_directory`, the other
+  rank reports metrics only.
+
+Process and worker start-up are outside the timestamps. The first steps are skipped (warm-up).
+Per variant, from rank 0's step durations pooled over repeats: the median step time, steps/s
+(1 / that median), the ratio to plain DDP's steps/s at the same step time, and the per-step
+overhead (median step time minus plain DDP's). Each repeat runs every variant once, the order of
+the systems reversed on odd repeats.
+
+    python -m benchmarks.overhead --out results/overhead
+    python -m benchmarks.overhead --quick --out /tmp/bench_overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+import elastic_train as et
+from benchmarks.common import machine_facts
+
+logger = logging.getLogger("benchmarks.overhead")
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_WORKERS = 2
+SKIP_STEPS = 5
+BASELINE = "plain_ddp"
+SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint")
+
+Report = Callable[[int, dict[str, float]], None]
+
+
+def _build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model and optimizer, identical on every rank and in every variant."""
+    torch.set_num_threads(1)  # 2 ranks on 2 cores, whatever OMP_NUM_THREADS the launcher set
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _run_steps(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, config: dict[str, Any],
+               report: Report) -> None:
+    """The loop every variant runs; writes this rank's step start times (plus the end) to the log folder."""
+    times = []
+    for step in range(1, config["steps"] + 1):
+        times.append(time.perf_counter())
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
+        loss = ddp(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        report(step, {"loss": loss.item(), "step": step})
+    times.append(time.perf_counter())
+    (Path(config["log_dir"]) / f"rank{rank}.json").write_text(json.dumps(times))
+
+
+def ddp_worker(rank: int, port: int, config: dict[str, Any]) -> None:
+    """One plain DDP rank (a torch.multiprocessing child): gloo over 127.0.0.1, no Ray."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=NUM_WORKERS)
+    try:
+        model, optimizer = _build()
+        _run_steps(DistributedDataParallel(model), optimizer, rank, config, lambda step, metrics: None)
+    finally:
+        dist.destroy_process_group()
+
+
+def elastic_loop(config: dict[str, Any]) -> None:
+    """The elastic_train loop: report every step, with rank 0's checkpoint if `config["checkpoint"]`."""
+    rank = et.get_context().get_world_rank()
+    model, optimizer = _build()
+
+    def report(step: int, metrics: dict[str, float]) -> None:
+        if not config["checkpoint"] or rank != 0:
+            et.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                       Path(d) / "state.pt")
+            et.report(metrics, checkpoint=et.Checkpoint.from_directory(d))
+
+    _run_steps(et.torch.prepare_model(model), optimizer, rank, config, report)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> list[float]:
+    """Run `system` once; returns rank 0's step durations after the warm-up steps."""
+    shutil.rmtree(workdir, ignore_errors=True)  # a run whose name has checkpoints in storage would resume
+    log = workdir / "log"
+    log.mkdir(parents=True)
+    config = {"steps": steps, "step_time": step_time, "log_dir": str(log), "checkpoint": system.endswith("checkpoint")}
+    if system == BASELINE:
+        mp.spawn(ddp_worker, args=(_free_port(), config), nprocs=NUM_WORKERS, join=True)
+    else:
+        ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        try:
+            result = et.TorchTrainer(
+                elastic_loop, train_loop_config=config,
+                scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS),
+                run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead"),
+            ).fit()
+        finally:
+            ray.shutdown()
+        if result.error is not None:
+            raise RuntimeError(f"{system} (step time {step_time} s) failed: {result.error}")
+    times = json.loads((log / "rank0.json").read_text())
+    return [b - a for a, b in zip(times, times[1:])][SKIP_STEPS:]
+
+
+def _summary(system: str, step_time: float, durations: list[list[float]]) -> dict[str, Any]:
+    pooled = [d for rep in durations for d in rep]
+    median = statistics.median(pooled)
+    return {
+        "system": system,
+        "step_time_s": step_time,
+        "steps_measured": len(pooled),
+        "step_s_median": round(median, 6),
+        "step_s_p90": round(sorted(pooled)[round(0.9 * (len(pooled) - 1))], 6),
+        "steps_per_s": round(1 / median, 2),
+        "steps_per_s_mean": round(len(pooled) / sum(pooled), 2),
+        "step_s_median_per_repeat": [round(statistics.median(rep), 6) for rep in durations],
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report's markdown table."""
+    rows = [f"{report['workers']} workers, {report['steps']} steps x {report['repeats']} repeat(s), first "
+            f"{report['skipped_first_steps']} skipped; rank 0's steps",
+            "",
+            "| step time | system | step median | step p90 | steps/s | / plain DDP | overhead per step |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for v in report["variants"]:
+        rows.append(f"| {v['step_time_s'] * 1000:g} ms | {v['system']} | {v['step_s_median'] * 1000:.2f} ms "
+                    f"| {v['step_s_p90'] * 1000:.2f} ms | {v['steps_per_s']:.1f} | {v['ratio_to_ddp']:.3f} "
+                    f"| {v['overhead_ms_per_step']:+.2f} ms |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="60 steps, 1 repeat, to try the benchmark out")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 300; quick 60)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of every variant (default 2; quick 1)")
+    parser.add_argument("--step-time", type=float, default=0.05,
+                        help="seconds of simulated compute per step (every variant also runs at 0)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "overhead",
+                        help="folder for overhead.json and each run's logs and checkpoints")
+    args = parser.parse_args()
+    steps = args.steps or (60 if args.quick else 300)
+    repeats = args.repeats or (1 if args.quick else 2)
+    if steps <= SKIP_STEPS + 1:
+        parser.error(f"--steps must be more than {SKIP_STEPS + 1} (the first {SKIP_STEPS} are skipped)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    step_times = sorted({args.step_time, 0.0}, reverse=True)
+    started = time.monotonic()
+    durations: dict[tuple[str, float], list[list[float]]] = {(s, t): [] for t in step_times for s in SYSTEMS}
+    for rep in range(repeats):
+        for step_time in step_times:
+            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+                slug = system.replace("+", "_")
+                measured = run_variant(system, steps, step_time, out / f"r{rep}_{slug}_{step_time * 1000:g}ms")
+                durations[(system, step_time)].append(measured)
+                logger.info("repeat %d/%d, step time %g s, %s: median step %.2f ms", rep + 1, repeats, step_time,
+                            system, statistics.median(measured) * 1000)
+    variants = []
+    for step_time in step_times:
+        base = _summary(BASELINE, step_time, durations[(BASELINE, step_time)])
+        for system in SYSTEMS:
+            v = _summary(system, step_time, durations[(system, step_time)])
+            v["ratio_to_ddp"] = round(v["steps_per_s"] / base["steps_per_s"], 3)
+            v["overhead_ms_per_step"] = round((v["step_s_median"] - base["step_s_median"]) * 1000, 3)
+            variants.append(v)
+    report = {
+        "benchmark": "overhead",
+        "quick": args.quick,
+        "workers": NUM_WORKERS,
+        "steps": steps,
+        "repeats": repeats,
+        "skipped_first_steps": SKIP_STEPS,
+        "step_time_s": args.step_time,
+        "measured": "rank 0's step durations (start to next start, report included), pooled over repeats; "
+                    "steps_per_s = 1 / step_s_median; ratio_to_ddp and overhead_ms_per_step against plain_ddp "
+                    "at the same step time",
+        "total_wall_s": round(time.monotonic() - started, 2),
+        "machine": machine_facts(),
+        "variants": variants,
+    }
+    (out / "overhead.json").write_text(json.dumps(report, indent=2) + "\n")
+    print("\n" + table(report))
+    print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()
