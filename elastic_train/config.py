@@ -170,6 +170,9 @@ class ElasticConfig:
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
+    replicate_checkpoints: bool = True
+    """Each reported part is also kept in the memory of the next rank (`worker/replicator.py`), so losing
+    one worker loses no in-memory checkpoint; it doubles the memory checkpoints take."""
     snapshot_memory_retain_mb: int | None = 512
     """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
     `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""

@@ -49,6 +49,7 @@ class Assignment:
     master_port: int
     resume: ResumePlan | None
     peers: dict[int, Any]  # worker id -> actor handle of the members (to fetch checkpoint files)
+    buddy: Any = None  # the peer that keeps a replica of this worker's checkpoint parts (None: no replicas)
 
 
 @dataclass

@@ -74,11 +74,12 @@ def linear_regression_loop(config: dict) -> None:
         log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
                      generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id())
         fault_once(config, step, ctx.get_world_rank(), point="before_report")
+        saves = not config.get("rank0_saves") or ctx.get_world_rank() == 0  # Ray Train's usual pattern
         et.report(
             {"loss": loss.item(), "step": step},
             checkpoint=et.Checkpoint.from_dict(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-            ),
+            ) if saves else None,
         )
 
 

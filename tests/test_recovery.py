@@ -39,3 +39,21 @@ def test_sigkill_of_rank_1_recovers_in_place_and_grows_back(local_ray, run_dirs)
     # Losing a worker did not count as a failure of the user's code.
     assert not [e for e in result.events if e["kind"] == "failure"]
     print("kill -> next step: %.3f s" % (min(after) - fault["time"]), "world sizes:", result.world_sizes)
+
+
+@pytest.mark.timeout(180)
+def test_rank_0_alone_checkpoints_and_dies_its_replica_serves_the_survivor(local_ray, run_dirs):
+    """Only rank 0 reports checkpoints (Ray Train's usual pattern); its parts are replicated to rank 1's
+    memory, so losing rank 0 resumes from memory, not from storage, with at most one step redone."""
+    steps = 30
+    result = make_trainer(run_dirs, (1, 2), steps=steps, step_time=0.1, rank0_saves=True,
+                          fault={"kind": "kill", "rank": 0, "at_step": 10}).fit()
+    assert result.error is None, result.error
+    assert result.metrics["step"] == steps
+    fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
+    after_kill = [e for e in result.events if e["kind"] == "generation" and e["time"] > fault["time"]]
+    assert after_kill[0]["resume_from"] == "memory" and after_kill[0]["world_size"] == 1
+    assert after_kill[0]["resume_index"] >= fault["step"] - 1
+    steps_run = [p["step"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0]
+    assert sorted(set(steps_run)) == list(range(1, steps + 1))
+    assert sum(n - 1 for n in Counter(steps_run).values()) <= 1

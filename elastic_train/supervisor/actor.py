@@ -306,6 +306,8 @@ class Supervisor:
         self._resize_at = None
         self._cadence.forget_in_flight()
         master = next(w for w in chosen if placements[w.worker_id].rank == 0)
+        by_rank = {placements[w.worker_id].rank: w for w in chosen}
+        replicate = self._elastic.replicate_checkpoints and len(chosen) > 1
         peers = {w.worker_id: w.actor for w in chosen + draining}
         for w in chosen:
             p = placements[w.worker_id]
@@ -321,6 +323,7 @@ class Supervisor:
                 master_port=master.free_port,
                 resume=resume,
                 peers=peers,
+                buddy=by_rank[(p.rank + 1) % len(chosen)].actor if replicate else None,
             )
             self._release(w, assignment)
         for w in self._with(WorkerStatus.PARKED):
@@ -564,6 +567,11 @@ class Supervisor:
             loader_states=entry.loader_states,
         )
         self._track(self._commit(index, manifest))
+
+    async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str]) -> None:
+        """A worker holds a copy of a peer's part of checkpoint `index` (see worker/replicator.py)."""
+        await self._adopted.wait()
+        self._ledger.record_replica(generation, index, worker_id, names)
 
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""

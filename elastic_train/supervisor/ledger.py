@@ -19,6 +19,7 @@ class ReportEntry:
     generation: int
     world_size: int
     parts: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # rank -> (worker id, names)
+    replicas: dict[int, list[str]] = field(default_factory=dict)  # worker id -> names it keeps for a peer
     reported_ranks: set[int] = field(default_factory=set)
     metrics: dict[str, Any] | None = None
     loader_states: list[dict[str, Any]] = field(default_factory=list)
@@ -39,6 +40,11 @@ class ReportEntry:
     def ready_to_commit(self) -> bool:
         return (self.complete and bool(self.parts) and self.names <= set(self.file_facts())
                 and not self.committed and not self.given_up)
+
+    def holders(self, name: str) -> list[int]:
+        """The workers that hold file `name` in memory: its reporters, by rank, then replica keepers."""
+        return ([wid for _, (wid, names) in sorted(self.parts.items()) if name in names]
+                + [wid for wid, names in sorted(self.replicas.items()) if name in names])
 
     def file_facts(self) -> dict[str, dict[str, Any]]:
         """Size and checksum of every stored file, merged over the workers that stored them by name."""
@@ -72,6 +78,11 @@ class CheckpointLedger:
             entry.metrics = metrics
             entry.loader_states = loader_states
         return entry
+
+    def record_replica(self, generation: int, index: int, worker_id: int, names: list[str]) -> None:
+        entry = self.entries.get(index)
+        if entry is not None and entry.generation == generation:
+            entry.replicas[worker_id] = names
 
     def adopt(self, generation: int, world_size: int, members: list[WorkerInfo]) -> None:
         """Rebuild the entries of `generation` from what its members hold in memory (a restarted
@@ -110,10 +121,7 @@ class CheckpointLedger:
             entry = self.entries[index]
             holders: dict[int, list[str]] = {}
             for name in sorted(entry.names):
-                holder = next(
-                    (wid for rank, (wid, names) in sorted(entry.parts.items()) if name in names and wid in live_workers),
-                    None,
-                )
+                holder = next((wid for wid in entry.holders(name) if wid in live_workers), None)
                 if holder is None:
                     break
                 holders.setdefault(holder, []).append(name)

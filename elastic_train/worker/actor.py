@@ -19,13 +19,14 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import ElasticConfig
-from elastic_train.protocol import Assignment, Exit, Outcome, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Stop, WorkerInfo
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartUpload, Persister
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
+from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
@@ -63,6 +64,8 @@ class TrainWorker:
         if spec.elastic.snapshot_memory_retain_mb is not None:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
         self._memory = CheckpointMemory(spec.elastic.checkpoints_in_memory)
+        self._replicas = CheckpointMemory(spec.elastic.checkpoints_in_memory)  # peers' parts (replicator.py)
+        self._replicator = Replicator(self._send_replica)
         self._group = GenerationProcessGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s
         )
@@ -98,7 +101,16 @@ class TrainWorker:
         self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
 
     def read_checkpoint(self, index: int, names: list[str]) -> dict[str, bytes]:
-        return self._memory.get(index, names)
+        """Files of checkpoint `index`, from this worker's own part or from the replica it keeps for a peer."""
+        files = self._memory.find(index, names)
+        if len(files) < len(names):
+            files.update(self._replicas.get(index, [n for n in names if n not in files]))
+        return files
+
+    def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+        """Keep a peer's checkpoint part, and tell the supervisor this worker holds it."""
+        self._replicas.put(held, files)
+        self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names)
 
     def describe(self) -> WorkerInfo:
         """Where this worker stands, for a restarted supervisor to adopt it."""
@@ -144,6 +156,7 @@ class TrainWorker:
             heartbeat.stop()
             self._notices.stop()
             self._persister.close(self._spec.elastic.drain_timeout_s)
+            self._replicator.close()
             self._stopped.set()
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
@@ -160,7 +173,8 @@ class TrainWorker:
             self.worker_id,
             self._supervisor,
             TrainContext(assignment, self._spec.storage.name, self._spec.storage.url()),
-            self._memory,
+            self._keep_snapshot,
+            self.read_checkpoint,
             self._persister.submit,
             self._superseded.is_set,
             self._spec.storage,
@@ -196,6 +210,15 @@ class TrainWorker:
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
+    def _keep_snapshot(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+        """A reported part: held in memory, and copied to the buddy (if any) in the background."""
+        self._memory.put(held, files)
+        if self._assignment is not None and self._assignment.buddy is not None:
+            self._replicator.submit(self._assignment.buddy, held, files)
+
+    def _send_replica(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+        ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)
+
     def _on_supervisor_gone(self) -> None:
         """The supervisor is dead for good (restarts spent, or the driver died): this worker is an orphan.
         Workers are detached actors (they outlive a supervisor that Ray restarts), so it ends itself."""
@@ -221,7 +244,7 @@ class TrainWorker:
         if plan is None or self.worker_id not in plan.holders:
             return
         try:
-            files = self._memory.get(plan.index, plan.holders[self.worker_id])
+            files = self.read_checkpoint(plan.index, plan.holders[self.worker_id])
         except KeyError:
             return
         self._persister.submit(PartUpload(plan.generation, plan.index, files))

@@ -57,11 +57,16 @@ class CheckpointMemory:
             return [self._held[i] for i in self._parts]
 
     def get(self, index: int, names: list[str]) -> dict[str, bytes]:
+        found = self.find(index, names)
+        if len(found) < len(names):
+            raise KeyError(f"checkpoint {index} is no longer held by this worker")
+        return found
+
+    def find(self, index: int, names: list[str]) -> dict[str, bytes]:
+        """Those of `names` held for checkpoint `index`."""
         with self._lock:
-            part = self._parts.get(index)
-            if part is None or any(n not in part for n in names):
-                raise KeyError(f"checkpoint {index} is no longer held by this worker")
-            return {n: part[n] for n in names}
+            part = self._parts.get(index, {})
+            return {n: part[n] for n in names if n in part}
 
 
 @dataclass
@@ -104,7 +109,8 @@ class TrainSession:
         worker_id: int,
         supervisor: Any,
         context: TrainContext,
-        memory: CheckpointMemory,
+        keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
+        read_held: Callable[[int, list[str]], dict[str, bytes]],
         persist: Callable[[PartUpload], None],
         is_superseded: Callable[[], bool],
         storage: RunStorage,
@@ -113,7 +119,8 @@ class TrainSession:
         self.worker_id = worker_id
         self.context = context
         self._supervisor = supervisor
-        self._memory = memory
+        self._keep = keep
+        self._read_held = read_held
         self._persist = persist
         self._is_superseded = is_superseded
         self._storage = storage
@@ -137,8 +144,8 @@ class TrainSession:
         assignment = self.context.assignment
         loader_states = [loader.loader_state() for loader in self._loaders]
         if files is not None:
-            self._memory.put(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
-                                            loader_states), files)
+            self._keep(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
+                                      loader_states), files)
         reply = self._supervisor.report.remote(
             self.worker_id,
             assignment.generation,
@@ -203,7 +210,7 @@ class TrainSession:
         remote = []
         for holder, names in plan.holders.items():
             if holder == self.worker_id:
-                files.update(self._memory.get(plan.index, names))
+                files.update(self._read_held(plan.index, names))
             else:
                 remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(plan.index, names))
         for part in ray.get(remote):
