@@ -26,13 +26,20 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
     assert ledger.resume_plan({10, 11}) == ResumePlan(2, {10: ["model.pt", "shard_0"], 11: ["shard_1"]}, generation=0)
     # Without worker 11, shard_1 is held by nobody: no checkpoint can be served from memory.
     assert ledger.resume_plan({10}) is None
+    # Once worker 10 keeps a replica of worker 11's part of index 2, it serves index 2 whole alone.
+    ledger.record_replica(0, 2, 10, ["model.pt", "shard_1"])
+    assert ledger.resume_plan({10}) == ResumePlan(2, {10: ["model.pt", "shard_0", "shard_1"]}, generation=0)
     ledger.rewind(1)
     assert sorted(ledger.entries) == [1]
 
 
 @pytest.mark.timeout(120)
-def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray, run_dirs):
+@pytest.mark.parametrize("replicate", [False, True])
+def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray, run_dirs, replicate):
+    """Rank 1's shard dies with it: without replicas the survivor resumes from a whole checkpoint in
+    storage; with them (the default), from rank 1's replica in rank 0's memory. Never a torn one."""
     result = make_trainer(run_dirs, (1, 2), sharded_directory_loop, steps=60, step_time=0.1,
+                          elastic=et.ElasticConfig(replicate_checkpoints=replicate),
                           fault={"kind": "kill", "rank": 1, "at_step": 12}).fit()
     assert result.error is None, result.error
     assert result.world_sizes[-1] == 2
@@ -41,12 +48,11 @@ def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray
     restored = [p for p in read_progress(run_dirs["log_dir"]) if "restored" in p]
     assert restored, "the loop never resumed"
     after_kill = restored[0]
-    # Rank 1's shard died with it, so the survivor resumed from a whole checkpoint in storage: every
-    # shard present, all of one step.
+    # Every shard present, all of one step.
     assert after_kill["restored"] == ["common.txt", "shard_0.txt", "shard_1.txt"]
     assert len(after_kill["restored_steps"]) == 1
     resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] == 1][0]
-    assert resumed["resume_from"] == "storage"
+    assert resumed["resume_from"] == ("memory" if replicate else "storage")
 
 
 @pytest.mark.timeout(120)

@@ -53,7 +53,8 @@ def test_rank_0_alone_checkpoints_and_dies_its_replica_serves_the_survivor(local
     fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
     after_kill = [e for e in result.events if e["kind"] == "generation" and e["time"] > fault["time"]]
     assert after_kill[0]["resume_from"] == "memory" and after_kill[0]["world_size"] == 1
-    assert after_kill[0]["resume_index"] >= fault["step"] - 1
+    # The kill came as step 10 began: the replica of step 9 may still have been on its way, so 8 or 9.
+    assert after_kill[0]["resume_index"] >= fault["step"] - 2
     steps_run = [p["step"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0]
     assert sorted(set(steps_run)) == list(range(1, steps + 1))
     assert sum(n - 1 for n in Counter(steps_run).values()) <= 1
