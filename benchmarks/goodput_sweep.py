@@ -20,11 +20,21 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import machine_facts
 from benchmarks.preemption import ROOT, SYSTEMS, Fault, run
 
 logger = logging.getLogger("benchmarks.goodput_sweep")
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report's markdown table."""
+    rows = ["| failure interval | system | goodput | resume median | steps redone |", "| --- | --- | --- | --- | --- |"]
+    for p in report["points"]:
+        rows.append(f"| {p['interval_s']:g} s | {p['system']} | {p['goodput']:.3f} | {p['resume_s_median']} s "
+                    f"| {p['steps_redone_total']} |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -59,11 +69,7 @@ def main() -> None:
                "ray_train_health_check_interval_s": args.ray_poll_s, "machine": machine_facts(),
                "total_wall_s": round(time.monotonic() - started, 2), "points": points}
     (out / "goodput_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n| failure interval | system | goodput | resume median | steps redone |")
-    print("| --- | --- | --- | --- | --- |")
-    for p in points:
-        print(f"| {p['interval_s']:g} s | {p['system']} | {p['goodput']:.3f} | {p['resume_s_median']} s "
-              f"| {p['steps_redone_total']} |")
+    print("\n" + table(summary))
     print(f"\ntotal {summary['total_wall_s']:.1f} s; {out / 'goodput_sweep.json'}")
 
 

@@ -15,6 +15,7 @@ import datetime
 import importlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +45,8 @@ def run_all(out: Path, quick: bool) -> None:
     """Run every benchmark, one after the other (they would disturb each other's timings)."""
     commands = {}
     for name, _, quick_args, full_args in BENCHMARKS:
-        args = ["-m", f"benchmarks.{name}", *(quick_args if quick else full_args), "--out", str(out / name)]
+        folder = os.path.relpath(out / name, HERE.parent)  # the page shows commands as run from the repository
+        args = ["-m", f"benchmarks.{name}", *(quick_args if quick else full_args), "--out", folder]
         logger.info("running python %s", " ".join(args))
         subprocess.run([sys.executable, *args], check=True, cwd=HERE.parent)
         commands[name] = "python " + " ".join(args)
@@ -78,6 +80,9 @@ def write_page(out: Path) -> Path:
         "not tables of different days.",
         "",
         f"Machine: `{json.dumps(machine)}`" if machine else "Machine: -",
+        "",
+        "Every figure is from CPU workers (gloo). The NCCL path has no GPU figures yet: none of these runs "
+        "had a GPU machine.",
         "",
     ]
     PAGE.write_text("\n".join(header) + "\n" + "\n".join(sections))
