@@ -1,9 +1,17 @@
-"""What every benchmark records next to its figures: the machine they were measured on."""
+"""What the benchmarks share: the workload they run under each system, and the machine facts
+recorded next to their figures."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import platform
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,3 +21,80 @@ import torch
 def machine_facts() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "ray": ray.__version__}
+
+
+def spread(name: str, values: list[float | None]) -> dict[str, Any]:
+    """`values` (None: not measured) with their median, min and max, as `name`, `name_median`, ..."""
+    measured = [v for v in values if v is not None]
+    return {name: values,
+            f"{name}_median": round(statistics.median(measured), 3) if measured else None,
+            f"{name}_min": min(measured, default=None), f"{name}_max": max(measured, default=None)}
+
+
+def median_spread(report: dict[str, Any], name: str) -> str:
+    """A table cell for a `spread`: "median s (min-max)"."""
+    if report[f"{name}_median"] is None:
+        return "-"
+    return f"{report[f'{name}_median']:.3f} s ({report[f'{name}_min']:.3f}-{report[f'{name}_max']:.3f})"
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The benchmarks' workload, against the API module `config["api"]` names ("elastic_train" or
+    "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
+    checkpoint every step (Ray Train's usual pattern), resumed from `get_checkpoint()`. Every rank
+    logs each step's start and end to `<log_dir>/progress.jsonl` before reporting. With `kills` and
+    `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
+    api = importlib.import_module(config["api"])
+    prepare_model = importlib.import_module(config["api"] + ".torch").prepare_model
+    context = api.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    log = Path(config["log_dir"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    start = 1
+    checkpoint = api.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(Path(d) / "state.pt", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+    ddp = prepare_model(model)
+    for step in range(start, config["steps"] + 1):
+        if rank == 1 and config.get("kills"):
+            _kill_if_due(log, step, config["kills"], config["kill_every"])
+        began = time.time()
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
+        loss = ddp(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size,
+                  "step": step}
+        with open(log / "progress.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        metrics = {"loss": loss.item(), "step": step}
+        if rank != 0:
+            api.report(metrics)
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                       Path(d) / "state.pt")
+            api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
+
+
+def _kill_if_due(log: Path, step: int, kills: int, every: int) -> None:
+    """SIGKILL this process if a kill not yet done is due at or before `step` (the earliest one)."""
+    for k in range(kills):
+        due = every * (k + 1)
+        if due > step:
+            return
+        try:
+            fd = os.open(log / f"kill_{k:03d}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.write(fd, json.dumps({"kill": k, "due_step": due, "step": step, "time": time.time()}).encode())
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)

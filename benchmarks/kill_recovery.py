@@ -30,14 +30,11 @@ and takes one report per worker per poll, so reporting every step caps its steps
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import shutil
-import signal
 import statistics
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,11 +42,10 @@ from typing import Any
 
 import ray
 import ray.train
-import torch
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
-from benchmarks.common import machine_facts
+from benchmarks.common import machine_facts, median_spread, spread, train_loop
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -58,62 +54,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_WORKERS = 2
 SYSTEMS = ("elastic_train", "ray_train")
 API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
-
-
-def train_loop(config: dict[str, Any]) -> None:
-    """The workload, against the API module `config["api"]` names ("elastic_train" or "ray.train")."""
-    api = importlib.import_module(config["api"])
-    prepare_model = importlib.import_module(config["api"] + ".torch").prepare_model
-    context = api.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    log = Path(config["log_dir"])
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    start = 1
-    checkpoint = api.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = torch.load(Path(d) / "state.pt", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"] + 1
-    ddp = prepare_model(model)
-    for step in range(start, config["steps"] + 1):
-        if rank == 1:
-            _kill_if_due(log, step, config["kills"], config["kill_every"])
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
-        loss = ddp(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(config["step_time"])
-        record = {"time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size, "step": step}
-        with open(log / "progress.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        metrics = {"loss": loss.item(), "step": step}
-        if rank != 0:
-            api.report(metrics)
-            continue
-        with tempfile.TemporaryDirectory() as d:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                       Path(d) / "state.pt")
-            api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
-
-
-def _kill_if_due(log: Path, step: int, kills: int, every: int) -> None:
-    """SIGKILL this process if a kill not yet done is due at or before `step` (the earliest one)."""
-    for k in range(kills):
-        due = every * (k + 1)
-        if due > step:
-            return
-        try:
-            fd = os.open(log / f"kill_{k:03d}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            continue
-        os.write(fd, json.dumps({"kill": k, "due_step": due, "step": step, "time": time.time()}).encode())
-        os.close(fd)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_system(system: str, kills: int, kill_every: int, step_time: float, ray_poll_s: float | None,
@@ -154,12 +94,6 @@ def run_system(system: str, kills: int, kill_every: int, step_time: float, ray_p
     return {"system": system, "wall_s": round(wall, 2), "final_step": result.metrics.get("step"), **measure(log)}
 
 
-def _spread(name: str, values: list[float | None]) -> dict[str, Any]:
-    measured = [v for v in values if v is not None]
-    return {name: values, f"{name}_median": statistics.median(measured) if measured else None,
-            f"{name}_min": min(measured, default=None), f"{name}_max": max(measured, default=None)}
-
-
 def measure(log: Path) -> dict[str, Any]:
     """Per kill: the time to the next step and back to full size, and the steps rank 0 redid."""
     progress = sorted((json.loads(line) for line in (log / "progress.jsonl").read_text().splitlines()),
@@ -186,20 +120,14 @@ def measure(log: Path) -> dict[str, Any]:
     return {
         "kills": len(kill_records),
         "kill_steps": [k["step"] for k in kill_records],
-        **_spread("resume_s", resume),
-        **_spread("full_size_s", full_size),
+        **spread("resume_s", resume),
+        **spread("full_size_s", full_size),
         "steps_redone": redone,
         "steps_redone_median": statistics.median(redone),
         "steps_redone_total": sum(redone),
         "step_s_median": round(statistics.median(steps), 3),
         "rank0_steps_by_world_size": dict(sorted(Counter(r["world_size"] for r in rank0).items())),
     }
-
-
-def _median_spread(s: dict[str, Any], name: str) -> str:
-    if s[f"{name}_median"] is None:
-        return "-"
-    return f"{s[f'{name}_median']:.3f} s ({s[f'{name}_min']:.3f}-{s[f'{name}_max']:.3f})"
 
 
 def table(report: dict[str, Any]) -> str:
@@ -209,8 +137,8 @@ def table(report: dict[str, Any]) -> str:
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in report["systems"]:
         sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
-        rows.append(f"| {s['system']} | {s['kills']} | {_median_spread(s, 'resume_s')} "
-                    f"| {_median_spread(s, 'full_size_s')} | {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
+        rows.append(f"| {s['system']} | {s['kills']} | {median_spread(s, 'resume_s')} "
+                    f"| {median_spread(s, 'full_size_s')} | {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
                     f"| {sizes} | {s['step_s_median']:.3f} s | {s['wall_s']:.1f} s |")
     return "\n".join(rows)
 

@@ -40,7 +40,6 @@ and a report waits for the poll, which alone would cap it at one step per 2 s: i
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -48,7 +47,6 @@ import random
 import shutil
 import signal
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -58,11 +56,10 @@ from typing import Any
 import psutil
 import ray
 import ray.train
-import torch
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
-from benchmarks.common import machine_facts
+from benchmarks.common import machine_facts, median_spread, spread, train_loop
 from chaos import schedules
 from chaos.traces import read_trace
 
@@ -92,46 +89,6 @@ def fault_schedule(interval_s: float, per_segment: int, compress: float, seed: i
     removals = [e for e in trace if e.action == "remove"][:per_segment]
     faults += [Fault(start + e.at_s - removals[0].at_s, "trace") for e in removals]
     return faults
-
-
-def train_loop(config: dict[str, Any]) -> None:
-    """The workload, against the API module `config["api"]` names ("elastic_train" or "ray.train")."""
-    api = importlib.import_module(config["api"])
-    prepare_model = importlib.import_module(config["api"] + ".torch").prepare_model
-    context = api.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    start = 1
-    checkpoint = api.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = torch.load(Path(d) / "state.pt", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["step"] + 1
-    ddp = prepare_model(model)
-    for step in range(start, config["steps"] + 1):
-        began = time.time()
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
-        loss = ddp(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(config["step_time"])
-        record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size,
-                  "step": step}
-        with open(Path(config["log_dir"]) / "progress.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        metrics = {"loss": loss.item(), "step": step}
-        if rank != 0:
-            api.report(metrics)
-            continue
-        with tempfile.TemporaryDirectory() as d:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                       Path(d) / "state.pt")
-            api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
 
 
 def read_progress(log: Path) -> list[dict[str, Any]]:
@@ -234,13 +191,6 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
             **measure(system, progress, injector.injected, events)}
 
 
-def _spread(name: str, values: list[float | None]) -> dict[str, Any]:
-    measured = [v for v in values if v is not None]
-    return {name: values,
-            f"{name}_median": round(statistics.median(measured), 3) if measured else None,
-            f"{name}_min": min(measured, default=None), f"{name}_max": max(measured, default=None)}
-
-
 def measure(system: str, progress: list[dict[str, Any]], faults: list[dict[str, Any]],
             events: list[dict[str, Any]]) -> dict[str, Any]:
     """Per fault: detection, resume and steps redone; per system: goodput over the loop's wall time."""
@@ -273,16 +223,16 @@ def measure(system: str, progress: list[dict[str, Any]], faults: list[dict[str, 
     return {
         "faults": len(faults),
         "segments": [f["segment"] for f in faults],
-        **_spread("detect_s", detect),
-        **_spread("resume_s", resume),
-        **_spread("steps_redone", redone),
+        **spread("detect_s", detect),
+        **spread("resume_s", resume),
+        **spread("steps_redone", redone),
         "steps_redone_total": sum(redone),
         "goodput": round(useful / loop_wall, 3),
         "useful_s": round(useful, 2),
         "loop_wall_s": round(loop_wall, 2),
         "step_compute_s_median": round(statistics.median(full), 4) if full else None,
         "per_segment": {
-            seg: {"resume_s_median": _spread("r", [v for v, f in zip(resume, faults) if f["segment"] == seg])["r_median"],
+            seg: {"resume_s_median": spread("r", [v for v, f in zip(resume, faults) if f["segment"] == seg])["r_median"],
                   "steps_redone_total": sum(n for n, f in zip(redone, faults) if f["segment"] == seg)}
             for seg in dict.fromkeys(f["segment"] for f in faults)
         },
@@ -354,17 +304,11 @@ def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, r
     return report
 
 
-def _cell(s: dict[str, Any], name: str) -> str:
-    if s[f"{name}_median"] is None:
-        return "-"
-    return f"{s[f'{name}_median']:.3f} s ({s[f'{name}_min']:.3f}-{s[f'{name}_max']:.3f})"
-
-
 def table(report: dict[str, Any]) -> str:
     rows = ["| system | faults | detect: median (min-max) | resume: median (min-max) | steps redone: total (median) "
             "| goodput | loop wall |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in report["systems"]:
-        rows.append(f"| {s['system']} | {s['faults']} | {_cell(s, 'detect_s')} | {_cell(s, 'resume_s')} "
+        rows.append(f"| {s['system']} | {s['faults']} | {median_spread(s, 'detect_s')} | {median_spread(s, 'resume_s')} "
                     f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) | {s['goodput']:.3f} "
                     f"| {s['loop_wall_s']:.1f} s |")
     return "\n".join(rows)

@@ -121,7 +121,7 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return f"Checkpoint(dict)" if self._dict is not None else f"Checkpoint(path={self.path!r})"
+        return "Checkpoint(dict)" if self._dict is not None else f"Checkpoint(path={self.path!r})"
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
