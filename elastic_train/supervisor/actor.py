@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
-from elastic_train.supervisor.adoption import describe_workers, worker_name, worker_prefix
+from elastic_train.supervisor.adoption import WORKER_NAMESPACE, describe_workers, worker_name, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
@@ -73,7 +74,10 @@ class Supervisor:
         context = ray.get_runtime_context()
         self._worker_prefix = worker_prefix(context.get_actor_id())
         # Ray restarted this actor after it died: the workers hold the run's state; adopt them.
-        self._state = RunState.ADOPTING if context.was_current_actor_reconstructed else RunState.SCHEDULING
+        with warnings.catch_warnings():  # Ray's own property calls its deprecated `actor_id`
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = context.was_current_actor_reconstructed
+        self._state = RunState.ADOPTING if restarted else RunState.SCHEDULING
         self._adopted = asyncio.Event()  # worker calls wait for it: none is served before adoption
         self._entered = time.monotonic()
         self._started = time.monotonic()
@@ -391,6 +395,7 @@ class Supervisor:
             self._next_worker_id += 1
             actor = self._worker_class.options(
                 name=worker_name(self._worker_prefix, worker_id),
+                namespace=WORKER_NAMESPACE,
                 lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
                 num_cpus=resources.get("CPU", 0),
                 num_gpus=resources.get("GPU", 0),

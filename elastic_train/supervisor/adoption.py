@@ -22,6 +22,9 @@ from elastic_train.protocol import WorkerInfo
 logger = logging.getLogger(__name__)
 
 
+WORKER_NAMESPACE = "elastic_train"  # workers' Ray namespace: detached actors in a driver's anonymous one make Ray warn
+
+
 def worker_prefix(supervisor_actor_id: str) -> str:
     """The name prefix of a run's workers: the supervisor's actor id is the same after a restart."""
     return f"elastic_train:{supervisor_actor_id}:worker:"
@@ -36,8 +39,9 @@ async def describe_workers(prefix: str, timeout_s: float) -> tuple[list[tuple[An
     next free worker id. Those that do not answer (still starting, hung) are killed: the supervisor
     starts replacements."""
     loop = asyncio.get_running_loop()
-    names = [n for n in await loop.run_in_executor(None, ray.util.list_named_actors) if n.startswith(prefix)]
-    handles = [await loop.run_in_executor(None, ray.get_actor, n) for n in names]
+    listed = await loop.run_in_executor(None, lambda: ray.util.list_named_actors(all_namespaces=True))
+    names = [a["name"] for a in listed if a["namespace"] == WORKER_NAMESPACE and a["name"].startswith(prefix)]
+    handles = [await loop.run_in_executor(None, ray.get_actor, n, WORKER_NAMESPACE) for n in names]
     answers = await asyncio.gather(
         *(asyncio.wait_for(h.describe.remote(), timeout_s) for h in handles),
         return_exceptions=True,
