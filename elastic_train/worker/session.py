@@ -41,20 +41,19 @@ class CheckpointMemory:
 
     def __init__(self, keep: int):
         self._keep = keep
-        self._parts: OrderedDict[int, dict[str, bytes]] = OrderedDict()
-        self._held: dict[int, HeldCheckpoint] = {}
+        self._parts: OrderedDict[int, tuple[HeldCheckpoint, dict[str, bytes]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         with self._lock:
-            self._parts[held.index], self._held[held.index] = files, held
+            self._parts[held.index] = (held, files)
             while len(self._parts) > self._keep:
-                del self._held[self._parts.popitem(last=False)[0]]
+                self._parts.popitem(last=False)
 
     def holdings(self) -> list[HeldCheckpoint]:
         """What is held, for a restarted supervisor."""
         with self._lock:
-            return [self._held[i] for i in self._parts]
+            return [held for held, _ in self._parts.values()]
 
     def get(self, index: int, names: list[str]) -> dict[str, bytes]:
         found = self.find(index, names)
@@ -65,7 +64,7 @@ class CheckpointMemory:
     def find(self, index: int, names: list[str]) -> dict[str, bytes]:
         """Those of `names` held for checkpoint `index`."""
         with self._lock:
-            part = self._parts.get(index, {})
+            _, part = self._parts.get(index, (None, {}))
             return {n: part[n] for n in names if n in part}
 
 
