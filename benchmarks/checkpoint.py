@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -67,7 +66,7 @@ from moto.server import ThreadedMotoServer
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
-from benchmarks.common import machine_facts
+from benchmarks.common import free_port, machine_facts
 from elastic_train.checkpoint.manifest import Manifest, file_facts
 from elastic_train.checkpoint.storage import RunStorage
 
@@ -83,12 +82,6 @@ API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
 
 
 # -- part 1: storage throughput ---------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
@@ -200,7 +193,7 @@ def storage_benchmark(shard_mb: int, repeats: int) -> dict[str, Any]:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_ckpt_local_") as tmp:
         results.append(StoreBench("local", tmp, {}, shards).run(repeats))
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     try:

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import statistics
 import tempfile
 import time
@@ -38,6 +39,33 @@ def median_spread(report: dict[str, Any], name: str) -> str:
     return f"{report[f'{name}_median']:.3f} s ({report[f'{name}_min']:.3f}-{report[f'{name}_max']:.3f})"
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The benchmarks' model and optimizer: a small MLP, identical on every rank (seed 0)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int,
+               step_time: float) -> torch.Tensor:
+    """One step of the benchmarks' workload (a seeded batch per step and rank, plus `step_time` of
+    simulated compute); returns the loss."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
+    loss = ddp(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    time.sleep(step_time)
+    return loss
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """The benchmarks' workload, against the API module `config["api"]` names ("elastic_train" or
     "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
@@ -49,9 +77,7 @@ def train_loop(config: dict[str, Any]) -> None:
     context = api.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     log = Path(config["log_dir"])
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, optimizer = build_model()
     start = 1
     checkpoint = api.get_checkpoint()
     if checkpoint is not None:
@@ -65,12 +91,7 @@ def train_loop(config: dict[str, Any]) -> None:
         if rank == 1 and config.get("kills"):
             _kill_if_due(log, step, config["kills"], config["kill_every"])
         began = time.time()
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
-        loss = ddp(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(config["step_time"])
+        loss = train_step(ddp, optimizer, step, rank, config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size,
                   "step": step}
         with open(log / "progress.jsonl", "a") as f:

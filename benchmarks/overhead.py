@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -51,7 +50,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import elastic_train as et
-from benchmarks.common import machine_facts
+from benchmarks.common import build_model, free_port, machine_facts, train_step
 
 logger = logging.getLogger("benchmarks.overhead")
 
@@ -67,9 +66,7 @@ Report = Callable[[int, dict[str, float]], None]
 def _build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model and optimizer, identical on every rank and in every variant."""
     torch.set_num_threads(1)  # 2 ranks on 2 cores, whatever OMP_NUM_THREADS the launcher set
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return build_model()
 
 
 def _run_steps(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, config: dict[str, Any],
@@ -78,12 +75,7 @@ def _run_steps(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
     times = []
     for step in range(1, config["steps"] + 1):
         times.append(time.perf_counter())
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
-        loss = ddp(x).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(config["step_time"])
+        loss = train_step(ddp, optimizer, step, rank, config["step_time"])
         report(step, {"loss": loss.item(), "step": step})
     times.append(time.perf_counter())
     (Path(config["log_dir"]) / f"rank{rank}.json").write_text(json.dumps(times))
@@ -118,12 +110,6 @@ def elastic_loop(config: dict[str, Any]) -> None:
     _run_steps(et.torch.prepare_model(model), optimizer, rank, config, report)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> list[float]:
     """Run `system` once; returns rank 0's step durations after the warm-up steps."""
     shutil.rmtree(workdir, ignore_errors=True)  # a run whose name has checkpoints in storage would resume
@@ -131,7 +117,7 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
     log.mkdir(parents=True)
     config = {"steps": steps, "step_time": step_time, "log_dir": str(log), "checkpoint": system.endswith("checkpoint")}
     if system == BASELINE:
-        mp.spawn(ddp_worker, args=(_free_port(), config), nprocs=NUM_WORKERS, join=True)
+        mp.spawn(ddp_worker, args=(free_port(), config), nprocs=NUM_WORKERS, join=True)
     else:
         ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
