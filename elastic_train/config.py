@@ -17,6 +17,9 @@ from elastic_train.errors import ConfigError
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
+_OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
+
+
 def _check_positive(owner: str, name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{owner}.{name} must be a positive number of seconds, got {value!r}.")
@@ -154,11 +157,12 @@ class ElasticConfig:
     """How long the run waits below `min` workers for capacity before it fails."""
     initial_placement_timeout_s: float = 30.0
     """How long the first generation waits for the workers the cluster can place to come up."""
-    drain_timeout_s: float = 10.0
-    """How long a restart waits for survivors to leave the old generation before dropping them."""
+    drain_timeout_s: float = 30.0
+    """How long a restart waits for survivors to leave the old generation before dropping them (and
+    ending their process: a hung one would keep its slot). Must exceed `rendezvous_timeout_s`."""
     probe_timeout_s: float = 2.0
     """How long a liveness probe of a member may take after a collective fails."""
-    rendezvous_timeout_s: float = 30.0
+    rendezvous_timeout_s: float = 20.0
     """How long a new process group waits for all its ranks to join."""
     collective_timeout_s: float = 300.0
     """Per-operation timeout of the torch.distributed process group."""
@@ -166,6 +170,12 @@ class ElasticConfig:
     """How often Ray restarts a supervisor that died; the restarted one adopts the workers (-1: always)."""
     supervisor_adoption_timeout_s: float = 10.0
     """How long a restarted supervisor waits for each worker to describe itself before replacing it."""
+    progress_timeout_s: float | None = None
+    """The progress watchdog: a generation in which no member reported for this long is stalled; the
+    members behind the others (or, if all stand alike, those that do not leave when the generation is
+    aborted) are hung: dropped, ended and replaced. Heartbeats prove the process, this the loop. Set
+    it above the longest gap between two reports (the first one included); None turns it off (a
+    collective in the loop still fails after `collective_timeout_s`)."""
     control_tick_s: float = 0.25
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
@@ -200,8 +210,14 @@ class ElasticConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            if f.name.endswith("_s"):
+            if f.name.endswith("_s") and not (f.name in _OPTIONAL_S and getattr(self, f.name) is None):
                 _check_positive("ElasticConfig", f.name, getattr(self, f.name))
+        if self.drain_timeout_s <= self.rendezvous_timeout_s:
+            raise ConfigError(
+                f"ElasticConfig.drain_timeout_s={self.drain_timeout_s} must exceed rendezvous_timeout_s="
+                f"{self.rendezvous_timeout_s}: a survivor still joining a group that lost a peer leaves only "
+                "after the rendezvous times out, and would be dropped as hung. Raise drain_timeout_s."
+            )
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ConfigError(
                 f"ElasticConfig.heartbeat_timeout_s={self.heartbeat_timeout_s} must exceed twice "

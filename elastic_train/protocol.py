@@ -50,6 +50,7 @@ class Assignment:
     resume: ResumePlan | None
     peers: dict[int, Any]  # worker id -> actor handle of the members (to fetch checkpoint files)
     buddy: Any = None  # the peer that keeps a replica of this worker's checkpoint parts (None: no replicas)
+    max_world_size: int = 1  # ScalingConfig's max: the world size may change under the loop when > 1
 
 
 @dataclass

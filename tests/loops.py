@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def read_progress(log_dir: str | Path) -> list[dict]:
 
 
 def fault_once(config: dict, step: int, rank: int, point: str = "step_start") -> None:
-    """Inject the configured fault once: {"kind": "kill"|"stop"|"raise", "at_step", "rank", "point"}."""
+    """Inject the configured fault once: {"kind": "kill"|"stop"|"raise"|"hang", "at_step", "rank", "point"}.
+    "hang" blocks the loop for good while the process (and its heartbeat thread) stays alive."""
     fault = config.get("fault")
     if not fault or step != fault["at_step"] or rank != fault["rank"] or fault.get("point", "step_start") != point:
         return
@@ -43,6 +45,8 @@ def fault_once(config: dict, step: int, rank: int, point: str = "step_start") ->
     os.close(fd)
     if fault["kind"] == "raise":
         raise ValueError(f"injected user error at step {step}")
+    if fault["kind"] == "hang":
+        threading.Event().wait()
     os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
 
 

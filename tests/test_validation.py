@@ -33,6 +33,9 @@ def loop(config):
         (lambda: et.ElasticConfig(heartbeat_timeout_s=0.5), "must exceed twice"),
         (lambda: et.ElasticConfig(probe_timeout_s=0), "must be a positive number of seconds"),
         (lambda: et.ElasticConfig(snapshot_memory_retain_mb=0), "or None to keep the allocator"),
+        (lambda: et.ElasticConfig(drain_timeout_s=10, rendezvous_timeout_s=30),
+         "drain_timeout_s=10 must exceed rendezvous_timeout_s=30.*Raise drain_timeout_s"),
+        (lambda: et.ElasticConfig(progress_timeout_s=0), "progress_timeout_s must be a positive number"),
         (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
     ],
 )

@@ -37,6 +37,7 @@ from elastic_train.supervisor.adoption import WORKER_NAMESPACE, describe_workers
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
+from elastic_train.supervisor.policy import Progress, stalled
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
 
@@ -86,9 +87,11 @@ class Supervisor:
         self._tasks: set[asyncio.Future] = set()
         self._expected_initial = 0
         self._resize_at: int | None = None
+        self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
+        self._handover: asyncio.Future | None = None  # drained workers handing their checkpoint parts over
         self._max_index = 0
         self._failures = 0
-        self._counted: set[tuple[int, int]] = set()
+        self._counted: set[int] = set()  # generations whose user error was counted
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._committed: list[CommittedCheckpoint] = []
@@ -187,6 +190,8 @@ class Supervisor:
 
     def _step(self, now: float) -> None:
         self._drop_silent_workers(now)
+        if self._state in (RunState.RUNNING, RunState.RESIZING):
+            self._drop_hung_workers(now)
         if self._state is RunState.SCHEDULING:
             self._step_scheduling(now)
         elif self._state in (RunState.RUNNING, RunState.RESIZING):
@@ -203,7 +208,7 @@ class Supervisor:
         settled = len(parked) >= self._scaling.max_workers or (
             not starting and (not first or len(parked) >= self._expected_initial)
         )
-        if enough and (settled or waited > self._elastic.initial_placement_timeout_s):
+        if enough and (settled or waited > self._elastic.initial_placement_timeout_s) and self._drained_released():
             self._open_generation(parked)
         elif waited > self._elastic.min_workers_timeout_s:
             self._fail(
@@ -230,7 +235,7 @@ class Supervisor:
             if not self._state.terminal:
                 self._restart("worker lost" if lost else "collective failed")
         elif self._state is RunState.RESIZING:
-            if all(m.exited is Exit.UNWOUND for m in members):
+            if all(m.exited is Exit.UNWOUND for m in members) and self._drained_released():
                 candidates = [w for w in members + self._standby() if not w.draining]
                 if len(candidates) >= self._scaling.min_workers:
                     self._open_generation(candidates)
@@ -250,7 +255,7 @@ class Supervisor:
         if running:
             return
         self._count_user_errors()
-        if self._state.terminal:
+        if self._state.terminal or not self._drained_released():
             return
         parked = [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
         if len(parked) >= self._scaling.min_workers:
@@ -265,6 +270,8 @@ class Supervisor:
         self._event("state", source=self._state.value, target=target.value, **details)
         self._state = target
         self._entered = time.monotonic()
+        if target is not RunState.RESIZING:
+            self._release_barriers()
 
     def _restart(self, reason: str) -> None:
         """Leave the current generation: abort survivors' groups, probe members that did not exit."""
@@ -275,12 +282,12 @@ class Supervisor:
                 self._track(self._probe(m))
 
     def _count_user_errors(self) -> None:
-        """Count each member's user-code failure in this generation once."""
-        for m in self._members():
-            key = (m.worker_id, self._generation)
-            if m.exited is Exit.USER_ERROR and key not in self._counted and not self._state.terminal:
-                self._counted.add(key)
-                self._count_failure(m.outcome.detail)
+        """A generation whose user code raised counts one failure, however many ranks raised (as Ray
+        Train counts one failure of the worker group): the same bug on every rank is one failure."""
+        raised = sorted((m for m in self._members() if m.exited is Exit.USER_ERROR), key=lambda m: m.rank)
+        if raised and self._generation not in self._counted and not self._state.terminal:
+            self._counted.add(self._generation)
+            self._count_failure(raised[0].outcome.detail)
 
     def _count_failure(self, detail: str) -> None:
         self._failures += 1
@@ -302,9 +309,7 @@ class Supervisor:
         placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
         self._generation += 1
         self._world_size = len(chosen)
-        # Workers being drained still serve their checkpoint files from memory to the new generation.
-        draining = [w for w in self._workers.values() if w.draining and w.status is WorkerStatus.PARKED]
-        resume = self._resume_plan({w.worker_id for w in chosen + draining})
+        resume = self._resume_plan({w.worker_id for w in chosen})
         self._ledger.rewind(resume.index if resume else 0)
         self._max_index = resume.index if resume else 0
         self._resize_at = None
@@ -312,10 +317,12 @@ class Supervisor:
         master = next(w for w in chosen if placements[w.worker_id].rank == 0)
         by_rank = {placements[w.worker_id].rank: w for w in chosen}
         replicate = self._elastic.replicate_checkpoints and len(chosen) > 1
-        peers = {w.worker_id: w.actor for w in chosen + draining}
+        peers = {w.worker_id: w.actor for w in chosen}
+        opened = time.monotonic()
         for w in chosen:
             p = placements[w.worker_id]
             w.status, w.generation, w.rank, w.outcome = WorkerStatus.MEMBER, self._generation, p.rank, None
+            w.last_report = (self._max_index, opened)
             assignment = Assignment(
                 generation=self._generation,
                 rank=p.rank,
@@ -328,12 +335,11 @@ class Supervisor:
                 resume=resume,
                 peers=peers,
                 buddy=by_rank[(p.rank + 1) % len(chosen)].actor if replicate else None,
+                max_world_size=self._scaling.max_workers,
             )
             self._release(w, assignment)
         for w in self._with(WorkerStatus.PARKED):
             w.rank = -1  # standby beyond max: not a member of this generation
-        for w in draining:
-            self._release(w, Stop("drained before preemption"))
         self._event(
             "generation",
             generation=self._generation,
@@ -352,11 +358,70 @@ class Supervisor:
             return in_memory
         return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
 
+    def _drained_released(self) -> bool:
+        """Workers under a preemption notice leave once the generation they were in has ended: first
+        they hand what only they hold of the resume checkpoint to a staying worker's memory, then they
+        stop, freeing their slot for the replacement requested when the notice came. True once no
+        such worker is waiting; a new generation opens only then."""
+        leaving = [w for w in self._with(WorkerStatus.PARKED) if w.draining]
+        if not leaving:
+            return True
+        if self._handover is None and not any(m.status is WorkerStatus.MEMBER for m in self._members()):
+            self._handover = asyncio.ensure_future(self._hand_over(leaving))
+            self._tasks.add(self._handover)
+            self._handover.add_done_callback(self._tasks.discard)
+        return False
+
+    async def _hand_over(self, leaving: list[WorkerRecord]) -> None:
+        leaving_ids = {w.worker_id for w in leaving}
+        staying = [w for w in self._members() if w.status is WorkerStatus.PARKED and w.worker_id not in leaving_ids]
+        whole = self._ledger.resume_plan({w.worker_id for w in leaving + staying})
+        kept = self._ledger.resume_plan({w.worker_id for w in staying})
+        flush = None
+        try:
+            if whole is not None and (kept is None or kept.index < whole.index):
+                if staying:
+                    target = min(staying, key=lambda w: w.rank)
+                    moves = [self._hand_over_part(self._workers[wid], target, whole, names)
+                             for wid, names in whole.holders.items() if wid in leaving_ids]
+                    await asyncio.gather(*moves)
+                else:
+                    flush = whole  # nobody stays: the leaving workers store it before they go
+        finally:
+            for w in leaving:
+                self._release(w, Stop("drained before preemption", flush=flush))
+                w.status, w.lost_reason = WorkerStatus.LOST, "drained before preemption"
+            self._handover = None
+            self._wake.set()
+
+    async def _hand_over_part(self, source: WorkerRecord, target: WorkerRecord, plan: ResumePlan,
+                              names: list[str]) -> None:
+        try:
+            await asyncio.wait_for(source.actor.hand_over.remote(plan.generation, plan.index, names, target.actor),
+                                   self._elastic.drain_timeout_s)
+        except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
+            logger.warning("worker %d could not hand checkpoint %d over: %r", source.worker_id, plan.index, exc)
+            return
+        self._ledger.record_replica(plan.generation, plan.index, target.worker_id, names)
+        self._event("checkpoint_handed_over", source=source.worker_id, target=target.worker_id, index=plan.index,
+                    names=names)
+
     async def _probe(self, worker: WorkerRecord) -> None:
         try:
             await asyncio.wait_for(worker.actor.ping.remote(), self._elastic.probe_timeout_s)
         except (asyncio.TimeoutError, ray.exceptions.RayActorError) as exc:
             self._lose(worker, f"liveness probe failed: {type(exc).__name__}")
+
+    def _drop_hung_workers(self, now: float) -> None:
+        """The progress watchdog: heartbeats come from a thread and prove the process, not the loop."""
+        running = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
+        stall = stalled([Progress(m.worker_id, *m.last_report) for m in running], now,
+                        self._elastic.progress_timeout_s)
+        for worker_id in stall.hung:
+            self._lose(self._workers[worker_id], f"no report for over progress_timeout_s="
+                                                 f"{self._elastic.progress_timeout_s}s while its peers were ahead")
+        if stall.restart:
+            self._restart(f"no member reported within progress_timeout_s={self._elastic.progress_timeout_s}s")
 
     def _drop_silent_workers(self, now: float) -> None:
         for w in self._workers.values():
@@ -370,6 +435,10 @@ class Supervisor:
         self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,
                     generation=worker.generation, reason=reason)
         worker.status, worker.lost_reason = WorkerStatus.LOST, reason
+        if worker.actor is not None:
+            # A frozen or hung process would keep its slot (its CPUs, its GPU) and no replacement could
+            # be placed; it ends here, and `_watch` requests the replacement once it has.
+            ray.kill(worker.actor, no_restart=True)
         self._wake.set()
 
     def _release(self, worker: WorkerRecord, place: Assignment | Stop) -> None:
@@ -388,7 +457,8 @@ class Supervisor:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears."""
         if self._state.terminal:
             return
-        alive = [w for w in self._workers.values() if w.status is not WorkerStatus.LOST]
+        # A worker under a preemption notice is on its way out: its replacement is requested at once.
+        alive = [w for w in self._workers.values() if w.status is not WorkerStatus.LOST and not w.draining]
         resources = self._scaling.worker_resources()
         for _ in range(self._scaling.max_workers - len(alive)):
             worker_id = self._next_worker_id
@@ -536,15 +606,18 @@ class Supervisor:
         names: list[str] | None,
         loader_states: list[dict[str, Any]],
     ) -> ReportReply:
+        """Record report `index` of a member. The reply waits until every member has made this report:
+        `report()` is a barrier, as in Ray Train. Workers read replies one report late, so a loop in
+        lockstep never waits, and no rank runs more than one report ahead of the slowest: the newest
+        checkpoint every rank reported is still in every rank's memory (see `TrainSession.report`)."""
         w = await self._record(worker_id)
         if w is None:
             return ReportReply(accepted=False)
-        if generation != self._generation or w.status is not WorkerStatus.MEMBER or self._state is RunState.RESTARTING:
-            self._event("stale_report_rejected", worker_id=worker_id, pid=w.pid, generation=generation,
-                        index=index, current_generation=self._generation)
+        if self._rejects(w, generation, index):
             return ReportReply(accepted=False)
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
+        w.last_report = (index, time.monotonic())
         if names is not None and entry.persist is None:
             entry.persist = self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
@@ -552,9 +625,34 @@ class Supervisor:
             self._metrics = dict(metrics)
             self._history.append({**metrics, "_index": index, "_generation": generation, "_world_size": world_size,
                                   "_time": time.time()})
-        return ReportReply(accepted=True, unwind=self._resize_at is not None and index >= self._resize_at,
-                           persist=bool(entry.persist),
+        if entry.complete:
+            # Decided once, when the last rank reports: every rank unwinds after the same report.
+            entry.unwind = self._resize_at is not None and index >= self._resize_at
+            barrier = self._barriers.pop(index, None)
+            if barrier is not None:
+                barrier.set()
+        else:
+            await self._barriers.setdefault(index, asyncio.Event()).wait()
+        if self._rejects(w, generation, index):
+            return ReportReply(accepted=False)
+        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist),
                            supersedable=self._cadence.supersedable)
+
+    def _rejects(self, w: WorkerRecord, generation: int, index: int) -> bool:
+        """A report of a generation that is over, or of a fenced worker, is refused."""
+        current = generation == self._generation and w.status is WorkerStatus.MEMBER
+        if current and self._state in (RunState.RUNNING, RunState.RESIZING):
+            return False
+        if not current:
+            self._event("stale_report_rejected", worker_id=w.worker_id, pid=w.pid, generation=generation,
+                        index=index, current_generation=self._generation)
+        return True
+
+    def _release_barriers(self) -> None:
+        """The generation ended: reports waiting for their peers are answered (and refused)."""
+        for barrier in self._barriers.values():
+            barrier.set()
+        self._barriers.clear()
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
@@ -601,6 +699,7 @@ class Supervisor:
             self._transition(RunState.RESIZING, reason=f"worker {worker_id} preempted")
         elif not self._is_member(w):
             self._release(w, Stop("drained before preemption"))  # a standby: nothing to hand over
+        self._top_up_workers()
         self._wake.set()
 
     async def worker_actor(self, worker_id: int) -> Any:

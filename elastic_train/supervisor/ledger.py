@@ -27,6 +27,7 @@ class ReportEntry:
     persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # worker id -> stored file facts
     committed: bool = False
     given_up: bool = False  # a part could not be stored: this index will never commit
+    unwind: bool = False  # the group re-forms after this report (decided when the last rank reports it)
 
     @property
     def complete(self) -> bool:
@@ -82,7 +83,7 @@ class CheckpointLedger:
     def record_replica(self, generation: int, index: int, worker_id: int, names: list[str]) -> None:
         entry = self.entries.get(index)
         if entry is not None and entry.generation == generation:
-            entry.replicas[worker_id] = names
+            entry.replicas[worker_id] = sorted(set(entry.replicas.get(worker_id, [])) | set(names))
 
     def adopt(self, generation: int, world_size: int, members: list[WorkerInfo]) -> None:
         """Rebuild the entries of `generation` from what its members hold in memory (a restarted

@@ -22,15 +22,17 @@ def prepare_model(
     parallel_strategy: str | None = "ddp",
     parallel_strategy_kwargs: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
-    """Move `model` to this worker's device and wrap it in DDP when the world has several ranks.
+    """Move `model` to this worker's device and wrap it in DDP when the world can have several ranks.
 
     Call it on every generation's entry into the loop (the loop does): the DDP wrapper is bound to
-    the process group of the generation it was made in.
+    the process group of the generation it was made in. Ray Train returns the bare module at world
+    size 1; so does this in a run of one worker. In an elastic run the world can shrink to 1 under a
+    running loop, so the model is wrapped at every size: `model.module` works in every generation.
     """
     device = get_device()
     if move_to_device:
         model = model.to(device)
-    if parallel_strategy is None or not dist.is_initialized() or dist.get_world_size() == 1:
+    if parallel_strategy is None or not dist.is_initialized() or _max_world_size() == 1:
         return model
     if parallel_strategy != "ddp":
         raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): only 'ddp' or None is supported.")
@@ -38,3 +40,13 @@ def prepare_model(
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
     return DistributedDataParallel(model, **kwargs)
+
+
+def _max_world_size() -> int:
+    """The largest world the run can have: the generation's when called outside a run's loop."""
+    from elastic_train.worker.session import current_session
+
+    session = current_session()
+    if session is None:
+        return dist.get_world_size()
+    return max(session.context.assignment.max_world_size, dist.get_world_size())

@@ -100,17 +100,25 @@ class TrainWorker:
     def _on_preemption_notice(self, source: str, seconds_left: float | None) -> None:
         self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
 
-    def read_checkpoint(self, index: int, names: list[str]) -> dict[str, bytes]:
-        """Files of checkpoint `index`, from this worker's own part or from the replica it keeps for a peer."""
-        files = self._memory.find(index, names)
+    def read_checkpoint(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
+        """Files of checkpoint `index` of `generation`, from this worker's own part or from the replica
+        it keeps for a peer."""
+        files = self._memory.find(generation, index, names)
         if len(files) < len(names):
-            files.update(self._replicas.get(index, [n for n in names if n not in files]))
+            files.update(self._replicas.get(generation, index, [n for n in names if n not in files]))
         return files
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         """Keep a peer's checkpoint part, and tell the supervisor this worker holds it."""
         self._replicas.put(held, files)
         self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names)
+
+    def hand_over(self, generation: int, index: int, names: list[str], peer: Any) -> None:
+        """This worker is leaving (a preemption notice): copy its files of a checkpoint into `peer`'s
+        memory, which then serves them to the next generation."""
+        files = self.read_checkpoint(generation, index, names)
+        held = HeldCheckpoint(index, generation, -1, sorted(files), [])
+        ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)
 
     def describe(self) -> WorkerInfo:
         """Where this worker stands, for a restarted supervisor to adopt it."""
@@ -244,7 +252,7 @@ class TrainWorker:
         if plan is None or self.worker_id not in plan.holders:
             return
         try:
-            files = self.read_checkpoint(plan.index, plan.holders[self.worker_id])
+            files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
         except KeyError:
             return
         self._persister.submit(PartUpload(plan.generation, plan.index, files))

@@ -37,16 +37,18 @@ class StatefulLoader(Protocol):
 
 
 class CheckpointMemory:
-    """The newest reported checkpoint snapshots of this worker, by report index. Thread-safe."""
+    """The newest reported checkpoint snapshots, by (generation, report index): after a rewind a new
+    generation reports the same indices again, and a part of an older generation must never be served
+    for one of a newer. Thread-safe."""
 
     def __init__(self, keep: int):
         self._keep = keep
-        self._parts: OrderedDict[int, tuple[HeldCheckpoint, dict[str, bytes]]] = OrderedDict()
+        self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, dict[str, bytes]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         with self._lock:
-            self._parts[held.index] = (held, files)
+            self._parts[(held.generation, held.index)] = (held, files)
             while len(self._parts) > self._keep:
                 self._parts.popitem(last=False)
 
@@ -55,16 +57,16 @@ class CheckpointMemory:
         with self._lock:
             return [held for held, _ in self._parts.values()]
 
-    def get(self, index: int, names: list[str]) -> dict[str, bytes]:
-        found = self.find(index, names)
+    def get(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
+        found = self.find(generation, index, names)
         if len(found) < len(names):
-            raise KeyError(f"checkpoint {index} is no longer held by this worker")
+            raise KeyError(f"checkpoint {index} of generation {generation} is no longer held by this worker")
         return found
 
-    def find(self, index: int, names: list[str]) -> dict[str, bytes]:
-        """Those of `names` held for checkpoint `index`."""
+    def find(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
+        """Those of `names` held for checkpoint `index` of `generation`."""
         with self._lock:
-            _, part = self._parts.get(index, (None, {}))
+            _, part = self._parts.get((generation, index), (None, {}))
             return {n: part[n] for n in names if n in part}
 
 
@@ -109,7 +111,7 @@ class TrainSession:
         supervisor: Any,
         context: TrainContext,
         keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
-        read_held: Callable[[int, list[str]], dict[str, bytes]],
+        read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         persist: Callable[[PartUpload], None],
         is_superseded: Callable[[], bool],
         storage: RunStorage,
@@ -136,8 +138,20 @@ class TrainSession:
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        """Snapshot the checkpoint, tell the supervisor, hand the part to the persister.
+
+        The previous report's reply is read first: it comes once every rank has made that report (a
+        barrier, one report late). Only then is this report's snapshot kept, which evicts the oldest
+        one in memory: what is evicted is never newer than the newest checkpoint every rank reported,
+        so a new generation always finds that one in memory, even in a loop with no collective where
+        the survivors of a lost peer would otherwise run on ahead of it.
+        """
         if self._is_superseded():
             raise GenerationEnded()
+        unwind = False
+        if self._in_flight is not None:
+            previous, self._in_flight = self._in_flight, None
+            unwind = self._settle(*previous)
         self.index += 1
         files = checkpoint.files() if checkpoint is not None else None
         assignment = self.context.assignment
@@ -154,12 +168,12 @@ class TrainSession:
             loader_states,
         )
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
-        previous, self._in_flight = self._in_flight, (self.index, reply, part)
-        if previous is not None:
-            self._settle(*previous)
+        self._in_flight = (self.index, reply, part)
+        if unwind:  # this report was made: the next generation resumes from it, no step lost
+            raise GenerationEnded()
 
     def finish(self) -> None:
-        """The loop returned: settle its last report."""
+        """The loop returned: settle its last report (every rank made it)."""
         if self._in_flight is not None:
             previous, self._in_flight = self._in_flight, None
             self._settle(*previous)
@@ -178,10 +192,10 @@ class TrainSession:
         return self._resume_states[position] if position < len(self._resume_states) else None
 
     # -- internals ------------------------------------------------------------------------------
-    def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> None:
-        """Act on the supervisor's reply to report `index`. Replies are read one report late, so a
-        report costs the loop no round trip; the report that follows was sent already, so unwinding
-        here loses no step."""
+    def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> bool:
+        """Act on the supervisor's reply to report `index`; returns whether the group re-forms after
+        the report that follows it. Replies are read one report late, so a report costs a loop in
+        lockstep no round trip."""
         reply: ReportReply = ray.get(reply_ref)
         if not reply.accepted:
             logger.warning("report %d rejected: this worker was fenced out of generation %d",
@@ -192,8 +206,7 @@ class TrainSession:
             self.unpersisted = None if reply.persist else part
             if reply.persist:
                 self._persist(part)
-        if reply.unwind:
-            raise GenerationEnded()
+        return reply.unwind
 
     def _load_resume_checkpoint(self) -> Checkpoint | None:
         plan = self.context.assignment.resume
@@ -209,9 +222,10 @@ class TrainSession:
         remote = []
         for holder, names in plan.holders.items():
             if holder == self.worker_id:
-                files.update(self._read_held(plan.index, names))
+                files.update(self._read_held(plan.generation, plan.index, names))
             else:
-                remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(plan.index, names))
+                remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(
+                    plan.generation, plan.index, names))
         for part in ray.get(remote):
             files.update(part)
         return files
@@ -236,6 +250,11 @@ _current: TrainSession | None = None
 def set_session(session: TrainSession | None) -> None:
     global _current
     _current = session
+
+
+def current_session() -> TrainSession | None:
+    """The running generation's session, or None outside a worker's loop."""
+    return _current
 
 
 def get_session(caller: str) -> TrainSession:
