@@ -153,7 +153,7 @@ class TorchTrainer:
             summary = ray.get(supervisor.run.remote())
         finally:
             ray.kill(supervisor)
-        checkpoints = [(Checkpoint(storage.folder(c.index), storage.fs, c.manifest), c.metrics)
+        checkpoints = [(Checkpoint(storage.folder(c.attempt), storage.fs, c.manifest), c.metrics)
                        for c in summary.checkpoints]
         error = None
         if summary.state is RunState.ERRORED:

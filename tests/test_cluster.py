@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
+import elastic_train as et
+from tests.conftest import ray_runtime_env
+from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
 
@@ -40,3 +45,41 @@ def test_node_removed_then_added(three_node_cluster, run_dirs):
     assert survivors_pids <= {p["pid"] for p in progress if p["world"] == 3 and p["time"] > added_at}
     assert result.world_sizes[:1] == [3] and 2 in result.world_sizes and result.world_sizes[-1] == 3
     print("remove_node -> step at world 2: %.3f s" % (shrunk[0]["time"] - removed_at))
+
+
+@pytest.mark.timeout(240)
+def test_machine_notice_places_the_replacement_on_another_machine_with_no_step_lost(run_dirs):
+    """A cloud's preemption notice is for the machine: the replacement, requested at once, goes to
+    another machine even where the leaving one has room, and the fixed-size run goes on at 2 from
+    the state handed over, with no step redone."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    leaving = cluster.add_node(num_cpus=6)  # room for both workers and their replacement
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    metadata = FakeMetadataServer()
+    try:
+        elastic = et.ElasticConfig(preemption_pollers=("aws",), preemption_metadata_url=metadata.url,
+                                   preemption_poll_interval_s=0.2)
+        steps = 60
+        join = fit_in_background(make_trainer(run_dirs, 2, steps=steps, step_time=0.1, rank0_saves=True,
+                                              elastic=elastic))
+        first = wait_for(lambda: [p for p in read_progress(run_dirs["log_dir"]) if p["step"] >= 5], 90,
+                         "2 workers training")
+        assert {p["node"] for p in first} == {leaving.node_id}
+        other = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        rank0_pid = next(p["pid"] for p in first if p["rank"] == 0)
+        metadata.post_notice(20.0, pids={rank0_pid})
+        result = join(180)
+    finally:
+        metadata.close()
+        ray.shutdown()
+        cluster.shutdown()
+    assert result.error is None, result.error
+    assert result.metrics["step"] == steps and result.world_sizes == [2, 2]
+    progress = read_progress(run_dirs["log_dir"])
+    last = max(p["generation"] for p in progress)
+    nodes = {p["pid"]: p["node"] for p in progress if p["generation"] == last}
+    assert rank0_pid not in nodes and other.node_id in nodes.values()
+    rank0_steps = [p["step"] for p in progress if p["rank"] == 0]
+    assert sorted(rank0_steps) == list(range(1, steps + 1)), "a step was lost or redone"

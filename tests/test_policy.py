@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_train.supervisor.policy import Progress, Stall, stalled
+from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
+from elastic_train.protocol import Exit
+from elastic_train.supervisor import policy
+from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
 
 
 @pytest.mark.timeout(10)
@@ -28,3 +32,128 @@ from elastic_train.supervisor.policy import Progress, Stall, stalled
 )
 def test_stalled_generation(progress, now, timeout, expected):
     assert stalled(progress, now, timeout) == expected
+
+
+# -- what a generation's state means (policy.running / restarting / scheduling) -------------------
+
+FIXED_2, ELASTIC_1_2 = ScalingConfig(num_workers=2), ScalingConfig(num_workers=(1, 2))
+NO_LOSS_COUNT, LOSS_COUNTS = FailureConfig(max_failures=3), FailureConfig(max_failures=3, count_worker_loss=True)
+
+
+def _running(members, resizing=False, standby=0, scaling=FIXED_2, failure=NO_LOSS_COUNT, counted=False):
+    return policy.running(members, resizing=resizing, standby=standby, scaling=scaling, failure=failure,
+                          error_counted=counted)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("scaling", [FIXED_2, ELASTIC_1_2])
+def test_a_user_error_on_every_rank_is_one_failure(scaling):
+    members = [Member(0, 0, Exit.USER_ERROR, detail="rank 0 trace"), Member(1, 1, Exit.USER_ERROR, detail="rank 1")]
+    assert _running(members, scaling=scaling) == Decision(Do.RESTART, "user code raised", failure="rank 0 trace")
+    # The second rank's error, seen after the first was counted, is not counted again.
+    assert _running(members, scaling=scaling, counted=True).failure is None
+    after = policy.restarting(members, parked=2, waited_s=0.1, drain_timeout_s=30, scaling=scaling,
+                              error_counted=True)
+    assert after == Decision(Do.OPEN)
+
+
+@pytest.mark.timeout(10)
+def test_a_user_error_on_one_rank_while_the_other_still_runs():
+    members = [Member(0, 0), Member(1, 1, Exit.USER_ERROR, detail="boom")]
+    assert _running(members) == Decision(Do.RESTART, "user code raised", failure="boom")
+    # The other rank is aborted; until it leaves, the restart waits.
+    assert policy.restarting(members, parked=1, waited_s=1, drain_timeout_s=30, scaling=FIXED_2,
+                             error_counted=True) == Decision(Do.WAIT)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("lost_rank", [0, 1])  # the rank that checkpoints, or another
+@pytest.mark.parametrize("scaling, after_restart", [(FIXED_2, Do.SCHEDULE), (ELASTIC_1_2, Do.OPEN)])
+def test_a_lost_member_restarts_the_generation(lost_rank, scaling, after_restart):
+    members = [Member(r, r, lost=r == lost_rank, detail="actor died") for r in (0, 1)]
+    assert _running(members, scaling=scaling) == Decision(Do.RESTART, "worker lost")
+    assert _running(members, scaling=scaling, failure=LOSS_COUNTS).failure == f"worker {lost_rank} lost: actor died"
+    # The survivor left; a fixed-size run waits for the replacement, an elastic one goes on at 1.
+    survivor = [Member(r, r, lost=r == lost_rank, exit=None if r == lost_rank else Exit.UNWOUND) for r in (0, 1)]
+    decision = policy.restarting(survivor, parked=1, waited_s=0.2, drain_timeout_s=30, scaling=scaling,
+                                 error_counted=False)
+    assert decision.do is after_restart and decision.failure is None
+
+
+@pytest.mark.timeout(10)
+def test_a_member_that_does_not_leave_an_ended_generation_is_dropped():
+    members = [Member(0, 0, Exit.UNWOUND), Member(1, 1)]  # rank 1 hangs, even when aborted
+    assert policy.restarting(members, parked=1, waited_s=29, drain_timeout_s=30, scaling=ELASTIC_1_2,
+                             error_counted=False) == Decision(Do.WAIT)
+    decision = policy.restarting(members, parked=1, waited_s=31, drain_timeout_s=30, scaling=ELASTIC_1_2,
+                                 error_counted=False)
+    assert decision.dropped == (1,) and decision.do is Do.OPEN and "drain_timeout_s" in decision.reason
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("notified", [0, 1])
+@pytest.mark.parametrize("scaling, standby, expected", [
+    (FIXED_2, 0, Do.SCHEDULE),  # the replacement is not ready yet: wait for it
+    (FIXED_2, 1, Do.OPEN),  # it is: re-form at 2 with it
+    (ELASTIC_1_2, 0, Do.OPEN),  # go on at 1
+])
+def test_a_preemption_notice_re_forms_the_group_without_the_leaving_worker(notified, scaling, standby, expected):
+    running_ = [Member(r, r, draining=r == notified) for r in (0, 1)]
+    assert _running(running_, resizing=True, scaling=scaling) == Decision(Do.WAIT)
+    half = [Member(r, r, Exit.UNWOUND if r == 0 else None, draining=r == notified) for r in (0, 1)]
+    assert _running(half, resizing=True, scaling=scaling) == Decision(Do.WAIT)
+    unwound = [Member(r, r, Exit.UNWOUND, draining=r == notified) for r in (0, 1)]
+    assert _running(unwound, resizing=True, standby=standby, scaling=scaling).do is expected
+
+
+@pytest.mark.timeout(10)
+def test_finishing_growing_and_collective_failures():
+    assert _running([Member(0, 0, Exit.FINISHED), Member(1, 1, Exit.FINISHED)]).do is Do.FINISH
+    assert _running([Member(0, 0, Exit.FINISHED), Member(1, 1, lost=True)]).do is Do.FINISH
+    assert _running([Member(0, 0, Exit.FINISHED), Member(1, 1)]) == Decision(Do.WAIT)
+    assert _running([Member(0, 0, Exit.COLLECTIVE_ERROR), Member(1, 1)]) == Decision(Do.RESTART, "collective failed")
+    assert _running([Member(0, 0)], standby=1, scaling=ELASTIC_1_2).do is Do.RESIZE
+    assert _running([Member(0, 0), Member(1, 1)], standby=1) == Decision(Do.WAIT)  # already at max
+
+
+@pytest.mark.timeout(10)
+def test_scheduling_opens_when_enough_workers_are_ready_or_fails_clearly():
+    elastic = ElasticConfig(min_workers_timeout_s=60, initial_placement_timeout_s=30)
+    kw = {"scaling": FIXED_2, "elastic": elastic, "first": False, "expected_initial": 2}
+    assert policy.scheduling(parked=2, starting=0, waited_s=0, **kw).do is Do.OPEN
+    assert policy.scheduling(parked=1, starting=1, waited_s=10, **kw).do is Do.WAIT
+    failed = policy.scheduling(parked=1, starting=0, waited_s=61, **kw)
+    assert failed.do is Do.FAIL and "only 1 of the minimum 2 workers" in failed.reason
+    assert "min_workers_timeout_s" in failed.reason
+
+
+# -- where a new generation resumes, per checkpoint pattern (CheckpointLedger) ---------------------
+def _ledger_after(pattern: str, world: int, reports: int, replicas: bool) -> CheckpointLedger:
+    """A ledger that saw `reports` lockstep reports of `world` ranks checkpointing as `pattern` does."""
+    ledger = CheckpointLedger(keep=2)
+    for index in range(1, reports + 1):
+        for rank in range(world):
+            names = {"rank0": ["model.pt"] if rank == 0 else None, "same_name": ["step.txt"],
+                     "own_shard": [f"shard_{rank}.pt"], "none": None}[pattern]
+            ledger.record(0, world, index, rank, rank, names, {"step": index} if rank == 0 else None, [])
+            if replicas and names:
+                ledger.record_replica(0, index, (rank + 1) % world, names)
+    return ledger
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("pattern", ["rank0", "same_name", "own_shard", "none"])
+@pytest.mark.parametrize("lost_rank", [0, 1])
+@pytest.mark.parametrize("replicas", [True, False])
+def test_the_resume_point_for_each_checkpoint_pattern_and_lost_rank(pattern, lost_rank, replicas):
+    ledger = _ledger_after(pattern, world=2, reports=5, replicas=replicas)
+    plan = ledger.resume_plan({1 - lost_rank})
+    if pattern == "none":
+        assert plan is None  # nothing to resume from: the loop starts over, as with Ray Train
+        return
+    # Served from memory unless the lost rank held a file nobody else holds.
+    only_the_lost_held_it = not replicas and (pattern == "own_shard" or (pattern == "rank0" and lost_rank == 0))
+    if only_the_lost_held_it:
+        assert plan is None
+    else:
+        assert plan is not None and plan.index == 5 and set(plan.holders) == {1 - lost_rank}

@@ -18,7 +18,7 @@ import s3fs
 import elastic_train as et
 from elastic_train.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
 from elastic_train.checkpoint.manifest import MANIFEST, Manifest
-from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.checkpoint.storage import Attempt, RunStorage
 from elastic_train.trainer import supervisor_name
 from tests.conftest import ROOT, ray_runtime_env
 from tests.helpers import wait_for
@@ -59,7 +59,7 @@ def test_driver_killed_while_writing_resumes_from_a_whole_checkpoint(local_ray, 
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-    last_committed = int(committed[-1].rsplit("_", 1)[-1])
+    last_committed = Attempt.parse(committed[-1].rsplit("/", 1)[-1]).index
     old_pids = {p["pid"] for p in read_progress(run_dirs["log_dir"])}
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in old_pids), 60, "the dead driver's workers to go")
@@ -112,11 +112,11 @@ def test_a_truncated_shard_hands_the_next_run_the_previous_whole_checkpoint(loca
     assert len(committed) >= 2 and committed[-1] == 6, committed  # the final one is always flushed
     previous = committed[-2]
     fs = s3fs.S3FileSystem(**s3_bucket["options"])
-    fs.pipe_file(f"{first.path[5:]}/checkpoint_000006/shard_1.txt", b"")
+    fs.pipe_file(f"{first.path[5:]}/checkpoint_000006_g0000/shard_1.txt", b"")
     problems = verify_checkpoint(first.path, 6, s3_bucket["options"])
     assert len(problems) == 1 and "shard_1.txt has 0 bytes" in problems[0]
     assert load_checkpoint(first.path, storage_options=s3_bucket["options"]).manifest.step == previous
-    assert "checkpoint_000006/shard_1.txt has 0 bytes" in caplog.text
+    assert "checkpoint_000006_g0000/shard_1.txt has 0 bytes" in caplog.text
 
     second = _sharded_trainer(run_dirs, s3_bucket, steps=9).fit()
     assert second.error is None, second.error
@@ -148,16 +148,18 @@ def test_the_storage_layer_commits_verifies_and_cleans_up_in_any_fsspec_store(tm
     for url in ("memory://et-test", str(tmp_path / "local")):
         storage = RunStorage(url, "run")
         storage.check_writable()
-        facts = storage.write_part(1, {"a.bin": b"x" * 10, "dir/b.bin": b"y"})
-        storage.write_part(2, {"a.bin": b"z"})  # never committed: torn
+        facts = storage.write_part(1, {"a.bin": b"x" * 10, "dir/b.bin": b"y"}, generation=0)
+        storage.write_part(2, {"a.bin": b"z"}, generation=0)  # never committed: torn
         assert storage.committed() == []
         committed = storage.commit(1, Manifest(step=1, generation=0, world_size=1, files=facts))
-        assert [c.index for c in storage.committed()] == [1] and storage.indices() == [1, 2]
+        assert [c.index for c in storage.committed()] == [1]
+        assert storage.attempts() == [Attempt(1, 0), Attempt(2, 0)]
+        assert committed.path.endswith("/run/checkpoint_000001_g0000")
         assert storage.read_verified(committed) == {"a.bin": b"x" * 10, "dir/b.bin": b"y"}
-        storage.fs.pipe_file(f"{storage.folder(1)}/a.bin", b"x" * 9 + b"!")
+        storage.fs.pipe_file(f"{storage.folder(Attempt(1, 0))}/a.bin", b"x" * 9 + b"!")
         assert storage.verify(committed) == [f"{committed.path}/a.bin does not match its SHA-256 in the manifest"]
         assert storage.newest_whole(storage.committed()) == (
             None, [(committed, [f"{committed.path}/a.bin does not match its SHA-256 in the manifest"])])
-        storage.delete(2)
-        storage.delete(1)
-        assert storage.indices() == []
+        assert storage.sweep(lambda attempt: attempt == committed.attempt) == [Attempt(2, 0)]
+        assert storage.delete(Attempt(1, 0))
+        assert storage.attempts() == []

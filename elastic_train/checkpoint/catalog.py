@@ -11,15 +11,18 @@ from elastic_train.errors import CheckpointError
 
 
 def list_checkpoints(run_path: str, storage_options: Mapping[str, Any] | None = None) -> list[CommittedCheckpoint]:
-    """The run's committed checkpoints, oldest first; each with its manifest (step, world size,
-    generation, metrics, files with sizes and checksums). Torn ones (no manifest) are not listed."""
+    """The run's committed checkpoints, oldest first (by index, then generation: each generation's
+    attempt at a checkpoint has a folder of its own, `checkpoint_<index>_g<generation>`); each with
+    its manifest (step, world size, generation, metrics, files with sizes and checksums). Torn ones
+    (no manifest) are not listed."""
     return RunStorage.at(run_path, storage_options).committed()
 
 
 def verify_checkpoint(
     run_path: str, index: int | None = None, storage_options: Mapping[str, Any] | None = None
 ) -> list[str]:
-    """What is wrong with checkpoint `index` (default: the newest committed); empty when it is whole."""
+    """What is wrong with checkpoint `index` (default: the newest committed; of an index committed
+    by more than one generation, the newest generation's); empty when it is whole."""
     storage = RunStorage.at(run_path, storage_options)
     return storage.verify(_pick(storage, index))
 
@@ -37,7 +40,7 @@ def load_checkpoint(
         chosen = whole
     else:
         chosen = _pick(storage, index)
-    return Checkpoint(storage.folder(chosen.index), storage.fs, chosen.manifest)
+    return Checkpoint(storage.folder(chosen.attempt), storage.fs, chosen.manifest)
 
 
 def _pick(storage: RunStorage, index: int | None) -> CommittedCheckpoint:
@@ -46,7 +49,7 @@ def _pick(storage: RunStorage, index: int | None) -> CommittedCheckpoint:
         raise CheckpointError(f"{storage.url()} holds no committed checkpoint.")
     if index is None:
         return committed[-1]
-    for checkpoint in committed:
+    for checkpoint in reversed(committed):  # the newest generation's, if more than one committed it
         if checkpoint.index == index:
             return checkpoint
     raise CheckpointError(

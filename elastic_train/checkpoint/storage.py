@@ -1,31 +1,72 @@
 """A run's folder in any fsspec store: checkpoint parts, commit manifests, retention, clean-up.
 
-Layout: `<storage_path>/<name>/checkpoint_<index>/<files, as the user named them>` plus the
-manifest (`manifest.py`), written last. Every file is an object of its own, written whole in one
-call (`pipe_file`: one PUT, or a multipart upload that only appears once complete), so there is no
-rename step that an object store would turn into a second copy. Every call is retried on
-transient errors (`retry.py`).
+Layout: `<storage_path>/<name>/checkpoint_<index>_g<generation>/<files, as the user named them>`
+plus the manifest (`manifest.py`), written last. A folder holds one generation's attempt at a
+checkpoint (`Attempt`): after a failure the next generation reports the same indices again, while a
+worker of the older one (fenced, or its persister still busy) may still be writing; with a folder
+per attempt, such a stale writer can never touch files of a checkpoint another generation commits.
+
+Every file is an object of its own, written whole in one call (`pipe_file`: one PUT, or a multipart
+upload that only appears once complete), so there is no rename step that an object store would turn
+into a second copy. A local file is written beside its name and renamed over it, so that it too is
+never seen half written. Every call is retried on transient errors (`retry.py`).
+
+A commit first checks the stored objects' sizes against the facts the writers reported (one
+listing, no re-read): a manifest is never written over files that do not match it. Within one
+process (the supervisor's), a folder being committed is never removed, and a folder being removed
+is never committed (`begin_commit`, `delete`).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import errno
 import logging
+import os
 import posixpath
 import re
+import shutil
+import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from fsspec.core import url_to_fs
 
 from elastic_train.checkpoint.checkpoint import is_local
 from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
-from elastic_train.errors import ConfigError, StorageError
+from elastic_train.errors import CheckpointError, ConfigError, StorageError
 
 logger = logging.getLogger(__name__)
 
-_FOLDER = re.compile(r"checkpoint_(\d+)$")
+_FOLDER = re.compile(r"checkpoint_(\d+)(?:_g(\d+))?$")
+LEGACY_GENERATION = -1  # a folder named by index alone, as releases before attempts wrote them
+
+
+@dataclass(frozen=True, order=True)
+class Attempt:
+    """One generation's attempt at storing checkpoint `index`: a folder of its own. Attempts sort
+    by index, then generation, as their folder names do."""
+
+    index: int
+    generation: int
+
+    @property
+    def dirname(self) -> str:
+        if self.generation == LEGACY_GENERATION:
+            return f"checkpoint_{self.index:06d}"
+        return f"checkpoint_{self.index:06d}_g{self.generation:04d}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Attempt | None":
+        """The attempt a folder name stands for; None for a name that is not a checkpoint folder."""
+        found = _FOLDER.match(name)
+        if found is None:
+            return None
+        generation = found.group(2)
+        return cls(int(found.group(1)), LEGACY_GENERATION if generation is None else int(generation))
 
 
 @dataclass
@@ -33,6 +74,11 @@ class CommittedCheckpoint:
     index: int
     path: str  # URL of the checkpoint folder
     manifest: Manifest
+    generation: int = LEGACY_GENERATION  # of the folder's name: the generation that committed it
+
+    @property
+    def attempt(self) -> Attempt:
+        return Attempt(self.index, self.generation)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -43,8 +89,13 @@ class CommittedCheckpoint:
         return self.manifest.loader_states
 
 
-def checkpoint_dirname(index: int) -> str:
-    return f"checkpoint_{index:06d}"
+class CommitRefused(CheckpointError):
+    """A checkpoint was not committed: its stored files do not match what its writers reported, or
+    its folder is being removed. Nothing was written; the next checkpoint will be tried."""
+
+
+def checkpoint_dirname(index: int, generation: int) -> str:
+    return Attempt(index, generation).dirname
 
 
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -56,7 +107,8 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) 
 
 
 class RunStorage:
-    """The folder of one run. Picklable: workers and the supervisor each build their own."""
+    """The folder of one run. Picklable: workers and the supervisor each build their own (what is
+    being committed or removed is known to the process that does it, and is not pickled)."""
 
     def __init__(
         self,
@@ -71,6 +123,22 @@ class RunStorage:
         self.retry = retry or RetryPolicy()
         self.fs, root = open_filesystem(storage_path, self.storage_options)
         self.root = posixpath.join(root.rstrip("/"), name)
+        self._init_guard()
+
+    def _init_guard(self) -> None:
+        self._guard = threading.Condition()
+        self._committing: collections.Counter[Attempt] = collections.Counter()
+        self._removing: set[Attempt] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for private in ("_guard", "_committing", "_removing"):
+            state.pop(private, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_guard()
 
     @classmethod
     def at(cls, run_path: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> "RunStorage":
@@ -90,8 +158,8 @@ class RunStorage:
         path = posixpath.join(self.root, *parts)
         return path if is_local(self.fs) else self.fs.unstrip_protocol(path)
 
-    def folder(self, index: int) -> str:
-        return posixpath.join(self.root, checkpoint_dirname(index))
+    def folder(self, attempt: Attempt) -> str:
+        return posixpath.join(self.root, attempt.dirname)
 
     # -- set-up ---------------------------------------------------------------------------------
     def check_writable(self) -> None:
@@ -103,34 +171,96 @@ class RunStorage:
         self.retry.call(f"deleting from {self.url()}", self.fs.rm, probe)
 
     # -- writing --------------------------------------------------------------------------------
-    def write_part(self, index: int, files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
-        """Store a rank's part of checkpoint `index`; returns each file's size and checksum."""
+    def write_part(self, index: int, files: Mapping[str, bytes], generation: int = 0) -> dict[str, dict[str, Any]]:
+        """Store a rank's part of checkpoint `index`, as reported in `generation`, into that
+        attempt's folder; returns each file's size and checksum."""
+        attempt = Attempt(index, generation)
         facts = file_facts(files)
         for name, data in files.items():
-            target = posixpath.join(self.folder(index), name)
-            if is_local(self.fs):
-                self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-            self.retry.call(f"writing {self.url(checkpoint_dirname(index), name)}", self.fs.pipe_file, target, data)
+            self._put(posixpath.join(self.folder(attempt), name), data,
+                      f"writing {self.url(attempt.dirname, name)}")
         return facts
 
     def commit(self, index: int, manifest: Manifest) -> CommittedCheckpoint:
-        """Make checkpoint `index` exist: drop files its manifest does not list (left by an abandoned
-        attempt at the same index), then write the manifest, last."""
-        folder = self.folder(index)
-        listed = {posixpath.join(folder, name) for name in manifest.files}
-        for path in self._find(folder):
-            if path not in listed:
-                self.retry.call(f"deleting {path}", self.fs.rm, path)
-        self.retry.call(f"committing {self.url(checkpoint_dirname(index))}", self.fs.pipe_file,
-                        posixpath.join(folder, MANIFEST), manifest.to_json().encode())
-        return CommittedCheckpoint(index, self.url(checkpoint_dirname(index)), manifest)
+        """Make checkpoint `index` of `manifest.generation` exist: check that every file the
+        manifest lists is stored with its reported size, then write the manifest, last. Raises
+        `CommitRefused` (and writes nothing) when a file is missing or of another size, or when
+        the folder is being removed."""
+        attempt = Attempt(index, manifest.generation)
+        url = self.url(attempt.dirname)
+        with self.committing(attempt):
+            stored = self._stored_sizes(attempt)
+            problems = []
+            for name, facts in sorted(manifest.files.items()):
+                size = stored.get(name)
+                if size is None:
+                    problems.append(f"{name} is not stored")
+                elif size != facts["size"]:
+                    problems.append(f"{name} is stored with {size} bytes, its writer reported {facts['size']}")
+            if problems:
+                raise CommitRefused(f"not committing {url}: {'; '.join(problems)}")
+            self._put(posixpath.join(self.folder(attempt), MANIFEST), manifest.to_json().encode(), f"committing {url}")
+        return CommittedCheckpoint(index, url, manifest, attempt.generation)
 
     def write_text(self, name: str, text: str) -> None:
-        self.retry.call(f"writing {self.url(name)}", self.fs.pipe_file, posixpath.join(self.root, name), text.encode())
+        self._put(posixpath.join(self.root, name), text.encode(), f"writing {self.url(name)}")
+
+    def _put(self, path: str, data: bytes, what: str) -> None:
+        self.retry.call(what, self._put_local if is_local(self.fs) else self.fs.pipe_file, path, data)
+
+    def _put_local(self, path: str, data: bytes) -> None:
+        """Write a local file whole or not at all: beside its name, then renamed over it. As in an
+        object store, a write into a folder that a deletion removed meanwhile recreates it: the
+        vanished folder is a transient error (EAGAIN), retried, never one that fails the run."""
+        folder = posixpath.dirname(path)
+        scratch = posixpath.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            try:
+                with open(scratch, "wb") as f:
+                    f.write(data)
+                os.replace(scratch, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(scratch)
+                raise
+        except FileNotFoundError as exc:
+            raise OSError(errno.EAGAIN, f"{folder} was removed during the write") from exc
+
+    # -- what this process commits or removes ------------------------------------------------------
+    def begin_commit(self, attempt: Attempt) -> None:
+        """Mark `attempt` as being committed by this process: `delete` and `sweep` leave its folder
+        alone until `end_commit`. Raises `CommitRefused` if the folder is being removed."""
+        with self._guard:
+            if attempt in self._removing:
+                raise CommitRefused(f"not committing {self.url(attempt.dirname)}: it is being removed")
+            self._committing[attempt] += 1
+
+    def end_commit(self, attempt: Attempt) -> None:
+        """The commit of `attempt` that `begin_commit` marked is over (done or not)."""
+        with self._guard:
+            self._committing[attempt] -= 1
+            if self._committing[attempt] <= 0:
+                del self._committing[attempt]
+            self._guard.notify_all()
+
+    @contextlib.contextmanager
+    def committing(self, attempt: Attempt) -> Iterator[None]:
+        """`begin_commit` ... `end_commit` around a block."""
+        self.begin_commit(attempt)
+        try:
+            yield
+        finally:
+            self.end_commit(attempt)
+
+    def wait_for_commits(self, timeout_s: float) -> bool:
+        """Wait until no commit of this process is under way; False if `timeout_s` passed first."""
+        with self._guard:
+            return self._guard.wait_for(lambda: not self._committing, timeout=timeout_s)
 
     # -- reading --------------------------------------------------------------------------------
-    def indices(self) -> list[int]:
-        """Every checkpoint folder of the run, committed or not."""
+    def attempts(self) -> list[Attempt]:
+        """Every checkpoint folder of the run, committed or not, in order."""
         self.fs.invalidate_cache(self.root)
         try:
             entries = self.retry.call(f"listing {self.url()}", self.fs.ls, self.root, detail=False)
@@ -138,24 +268,23 @@ class RunStorage:
             if isinstance(exc.__cause__, FileNotFoundError):
                 return []
             raise
-        found = (_FOLDER.match(posixpath.basename(e.rstrip("/"))) for e in entries)
-        return sorted(int(m.group(1)) for m in found if m)
+        found = (Attempt.parse(posixpath.basename(e.rstrip("/"))) for e in entries)
+        return sorted({a for a in found if a is not None})
 
     def committed(self) -> list[CommittedCheckpoint]:
         """Committed checkpoints of this run, oldest first (an unreadable manifest is skipped, with a warning)."""
         found = []
-        for index in self.indices():
-            manifest_path = posixpath.join(self.folder(index), MANIFEST)
+        for attempt in self.attempts():
+            manifest_path = posixpath.join(self.folder(attempt), MANIFEST)
             raw = self._read(manifest_path)
             if raw is None:
                 continue
             try:
                 manifest = Manifest.from_json(raw.decode())
             except (ValueError, TypeError, KeyError) as exc:
-                logger.warning("skipping %s: its manifest %s is unreadable (%s)", checkpoint_dirname(index),
-                               manifest_path, exc)
+                logger.warning("skipping %s: its manifest %s is unreadable (%s)", attempt.dirname, manifest_path, exc)
                 continue
-            found.append(CommittedCheckpoint(index, self.url(checkpoint_dirname(index)), manifest))
+            found.append(CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation))
         return found
 
     def read_verified(self, checkpoint: CommittedCheckpoint) -> dict[str, bytes]:
@@ -169,7 +298,7 @@ class RunStorage:
 
     def _reader(self, checkpoint: CommittedCheckpoint) -> Callable[[str], bytes | None]:
         """Reads a file of `checkpoint` by name; None when it is missing."""
-        folder = self.folder(checkpoint.index)
+        folder = self.folder(checkpoint.attempt)
         return lambda name: self._read(posixpath.join(folder, name))
 
     def newest_whole(
@@ -187,17 +316,60 @@ class RunStorage:
         return None, corrupt
 
     # -- removing -------------------------------------------------------------------------------
-    def delete(self, index: int) -> None:
-        """Remove checkpoint `index`; the manifest goes first, so a half-deleted folder is never
-        mistaken for a whole checkpoint."""
-        folder = self.folder(index)
-        manifest = posixpath.join(folder, MANIFEST)
-        if self.retry.call(f"checking {manifest}", self.fs.exists, manifest):
-            self.retry.call(f"deleting {manifest}", self.fs.rm, manifest)
-        for path in self._find(folder):
+    def delete(self, attempt: Attempt, keep: Callable[[Attempt], bool] | None = None) -> bool:
+        """Remove the folder of `attempt`, unless this process is committing it, or `keep(attempt)`
+        says otherwise (asked once the folder is claimed for removal, so a commit that ends before
+        then is seen by it). The manifest goes first, so a half-deleted folder is never mistaken for
+        a whole checkpoint. True if it was removed."""
+        with self._guard:
+            if self._committing.get(attempt) or attempt in self._removing:
+                logger.info("not removing %s: this process is committing or removing it", self.url(attempt.dirname))
+                return False
+            self._removing.add(attempt)
+        try:
+            if keep is not None and keep(attempt):
+                return False
+            folder = self.folder(attempt)
+            manifest = posixpath.join(folder, MANIFEST)
+            if self.retry.call(f"checking {manifest}", self.fs.exists, manifest):
+                self._remove(manifest)
+            if is_local(self.fs):
+                # A writer still busy may put a file back meanwhile: that one is left for a later sweep.
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                for path in self._find(folder):
+                    self._remove(path)
+            return True
+        finally:
+            with self._guard:
+                self._removing.discard(attempt)
+
+    def sweep(self, keep: Callable[[Attempt], bool]) -> list[Attempt]:
+        """Remove every checkpoint folder that `keep` does not keep and no commit of this process is
+        under way in; returns those removed."""
+        return [attempt for attempt in self.attempts() if self.delete(attempt, keep)]
+
+    def _stored_sizes(self, attempt: Attempt) -> dict[str, int]:
+        """The size of every object in an attempt's folder, by name: one listing."""
+        folder = self.folder(attempt)
+        self.fs.invalidate_cache(folder)
+        listed = self.retry.call(f"listing {self.url(attempt.dirname)}", self.fs.find, folder, detail=True)
+        prefix = self.fs._strip_protocol(folder).rstrip("/") + "/"
+        sizes = {}
+        for path, info in listed.items():
+            path = self.fs._strip_protocol(path)
+            if path.startswith(prefix) and info.get("size") is not None:
+                sizes[path[len(prefix):]] = int(info["size"])
+        return sizes
+
+    def _remove(self, path: str) -> None:
+        """Remove one object; one already gone (removed by another deletion, or a writer's scratch
+        file renamed meanwhile) is what was asked for, not an error."""
+        try:
             self.retry.call(f"deleting {path}", self.fs.rm, path)
-        if is_local(self.fs) and self.fs.exists(folder):
-            self.fs.rm(folder, recursive=True)
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
 
     def _find(self, folder: str) -> list[str]:
         self.fs.invalidate_cache(folder)
@@ -212,4 +384,5 @@ class RunStorage:
             raise
 
 
-__all__ = ["RunStorage", "CommittedCheckpoint", "CorruptCheckpointError", "checkpoint_dirname", "open_filesystem"]
+__all__ = ["RunStorage", "Attempt", "CommittedCheckpoint", "CommitRefused", "CorruptCheckpointError",
+           "checkpoint_dirname", "open_filesystem", "LEGACY_GENERATION"]

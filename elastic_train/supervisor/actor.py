@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import (
     Assignment,
-    Exit,
     HeartbeatReply,
     Outcome,
     ReportReply,
@@ -31,13 +31,13 @@ from elastic_train.protocol import (
 )
 from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
-from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.supervisor.adoption import WORKER_NAMESPACE, describe_workers, worker_name, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
-from elastic_train.supervisor.policy import Progress, stalled
+from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
 
@@ -88,6 +88,7 @@ class Supervisor:
         self._expected_initial = 0
         self._resize_at: int | None = None
         self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
+        self._leaving_nodes: set[str] = set()  # machines under a preemption notice
         self._handover: asyncio.Future | None = None  # drained workers handing their checkpoint parts over
         self._max_index = 0
         self._failures = 0
@@ -133,26 +134,32 @@ class Supervisor:
     def _recover_storage(self, sweep: bool) -> None:
         """Find where an earlier run with this name left off: the newest committed checkpoint whose
         files verify. Newer ones that do not, and (if `sweep`) torn folders (no manifest), are removed:
-        the run goes on from the whole one and will write those indices again."""
+        the run goes on from the whole one and will write those indices again. Generations go on
+        from the newest one found in storage: a worker of an earlier fit of this run that is still
+        writing then never writes into a folder (index and generation) that this fit commits."""
+        stored_generation = max((a.generation for a in self._storage.attempts()), default=-1)
         committed = self._storage.committed()
         whole, corrupt = self._storage.newest_whole(committed)
-        bad = {c.index for c, _ in corrupt}
-        self._committed = [c for c in committed if c.index not in bad]
+        bad = {c.attempt for c, _ in corrupt}
+        self._committed = [c for c in committed if c.attempt not in bad]
         for c, problems in corrupt:
             self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
-            self._storage.delete(c.index)
+            self._storage.delete(c.attempt)
         if sweep:
             self._sweep_torn()
+        self._generation = max(self._generation, stored_generation)
         if whole is not None:
             self._event("restored_from_storage", index=whole.index, path=whole.path)
 
     def _sweep_torn(self) -> None:
-        """Remove checkpoint folders that hold no commit of this run."""
-        keep = {c.index for c in self._committed}
-        for index in self._storage.indices():
-            if index not in keep:
-                logger.info("removing %s: it was never committed, or is corrupt", self._storage.folder(index))
-                self._storage.delete(index)
+        """Remove checkpoint folders that hold no commit of this run. A folder whose commit is under
+        way is left alone (the storage refuses it), and the commits are read only once a folder is
+        claimed for removal, so one that has just been committed is kept."""
+        def committed(attempt: Attempt) -> bool:
+            return attempt in {c.attempt for c in list(self._committed)}
+
+        for attempt in self._storage.sweep(committed):
+            logger.info("removed %s: it was never committed, or is corrupt", self._storage.url(attempt.dirname))
 
     async def _adopt_workers(self) -> None:
         """After a restart: adopt the workers that describe themselves. The members of their newest
@@ -200,68 +207,64 @@ class Supervisor:
             self._step_restarting(now)
 
     def _step_scheduling(self, now: float) -> None:
-        parked = [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
-        starting = self._with(WorkerStatus.STARTING)
-        waited = now - self._entered
-        enough = len(parked) >= self._scaling.min_workers
-        first = self._generation < 0
-        settled = len(parked) >= self._scaling.max_workers or (
-            not starting and (not first or len(parked) >= self._expected_initial)
-        )
-        if enough and (settled or waited > self._elastic.initial_placement_timeout_s) and self._drained_released():
-            self._open_generation(parked)
-        elif waited > self._elastic.min_workers_timeout_s:
-            self._fail(
-                f"only {len(parked) + len(starting)} of the minimum {self._scaling.min_workers} workers could be "
-                f"placed within min_workers_timeout_s={self._elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
-                "ScalingConfig.num_workers, or raise ElasticConfig.min_workers_timeout_s."
-            )
+        parked = self._ready()
+        decision = policy.scheduling(
+            parked=len(parked), starting=len(self._with(WorkerStatus.STARTING)), first=self._generation < 0,
+            expected_initial=self._expected_initial, waited_s=now - self._entered, scaling=self._scaling,
+            elastic=self._elastic)
+        self._carry_out(decision, parked)
 
     def _step_running(self) -> None:
-        members = self._members()
-        lost = [m for m in members if m.status is WorkerStatus.LOST]
-        exits = [m.exited for m in members if m.exited is not None]
-        if Exit.FINISHED in exits and all(m.exited is Exit.FINISHED or m.status is WorkerStatus.LOST for m in members):
-            self._transition(RunState.FINISHED)
-        elif Exit.USER_ERROR in exits:
-            self._count_user_errors()
-            if not self._state.terminal:
-                self._restart("user code raised")
-        elif lost or Exit.COLLECTIVE_ERROR in exits or (
-            self._state is RunState.RUNNING and any(e is not Exit.FINISHED for e in exits)
-        ):
-            if lost and self._failure.count_worker_loss:
-                self._count_failure(f"worker {lost[0].worker_id} lost: {lost[0].lost_reason}")
-            if not self._state.terminal:
-                self._restart("worker lost" if lost else "collective failed")
-        elif self._state is RunState.RESIZING:
-            if all(m.exited is Exit.UNWOUND for m in members) and self._drained_released():
-                candidates = [w for w in members + self._standby() if not w.draining]
-                if len(candidates) >= self._scaling.min_workers:
-                    self._open_generation(candidates)
-                else:
-                    self._transition(RunState.SCHEDULING, reason="below min workers after a drain")
-        elif self._standby() and len(members) < self._scaling.max_workers:
-            self._resize_at = self._max_index + 1
-            self._event("resize_requested", at_report=self._resize_at, standby=len(self._standby()))
-            self._transition(RunState.RESIZING)
+        decision = policy.running(
+            self._member_views(), resizing=self._state is RunState.RESIZING,
+            standby=sum(not w.draining for w in self._standby()), scaling=self._scaling, failure=self._failure,
+            error_counted=self._generation in self._counted)
+        self._carry_out(decision, [w for w in self._members() + self._standby() if not w.draining])
 
     def _step_restarting(self, now: float) -> None:
-        running = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
-        if running and now - self._entered > self._elastic.drain_timeout_s:
-            for m in running:
-                self._lose(m, f"did not leave generation {self._generation} within drain_timeout_s")
-            running = []
-        if running:
-            return
-        self._count_user_errors()
-        if self._state.terminal or not self._drained_released():
-            return
-        parked = [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
-        if len(parked) >= self._scaling.min_workers:
-            self._open_generation(parked)
-        else:
-            self._transition(RunState.SCHEDULING)
+        decision = policy.restarting(
+            self._member_views(), parked=len(self._ready()), waited_s=now - self._entered,
+            drain_timeout_s=self._elastic.drain_timeout_s, scaling=self._scaling,
+            error_counted=self._generation in self._counted)
+        for worker_id in decision.dropped:
+            self._lose(self._workers[worker_id], decision.reason)
+        self._carry_out(decision, self._ready())
+
+    def _carry_out(self, decision: policy.Decision, candidates: list[WorkerRecord]) -> None:
+        """The side effects of a decision of `policy`."""
+        if decision.failure is not None:
+            self._counted.add(self._generation)
+            self._count_failure(decision.failure)
+            if self._state.terminal:
+                return
+        do = decision.do
+        if do in (policy.Do.OPEN, policy.Do.SCHEDULE) and not self._drained_released():
+            return  # leaving workers hand their checkpoint parts over first
+        if do is policy.Do.FINISH:
+            self._transition(RunState.FINISHED)
+        elif do is policy.Do.RESTART:
+            self._restart(decision.reason)
+        elif do is policy.Do.RESIZE:
+            self._resize_at = self._max_index + 1
+            self._event("resize_requested", at_report=self._resize_at, reason=decision.reason)
+            self._transition(RunState.RESIZING)
+        elif do is policy.Do.OPEN:
+            self._open_generation(candidates)
+        elif do is policy.Do.SCHEDULE and self._state is not RunState.SCHEDULING:
+            self._transition(RunState.SCHEDULING, reason=decision.reason)
+        elif do is policy.Do.FAIL:
+            self._fail(decision.reason)
+
+    def _member_views(self) -> list[policy.Member]:
+        return [policy.Member(m.worker_id, m.rank, exit=m.exited, lost=m.status is WorkerStatus.LOST,
+                              draining=m.draining,
+                              detail=m.lost_reason if m.status is WorkerStatus.LOST else
+                              (m.outcome.detail if m.outcome else ""))
+                for m in self._members()]
+
+    def _ready(self) -> list[WorkerRecord]:
+        """Workers parked and ready for the next generation (none under a preemption notice)."""
+        return [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
 
     # == transitions and their side effects ========================================================
     def _transition(self, target: RunState, **details: Any) -> None:
@@ -280,14 +283,6 @@ class Supervisor:
             if m.status is WorkerStatus.MEMBER:
                 m.actor.abort_generation.remote(self._generation)
                 self._track(self._probe(m))
-
-    def _count_user_errors(self) -> None:
-        """A generation whose user code raised counts one failure, however many ranks raised (as Ray
-        Train counts one failure of the worker group): the same bug on every rank is one failure."""
-        raised = sorted((m for m in self._members() if m.exited is Exit.USER_ERROR), key=lambda m: m.rank)
-        if raised and self._generation not in self._counted and not self._state.terminal:
-            self._counted.add(self._generation)
-            self._count_failure(raised[0].outcome.detail)
 
     def _count_failure(self, detail: str) -> None:
         self._failures += 1
@@ -415,7 +410,7 @@ class Supervisor:
     def _drop_hung_workers(self, now: float) -> None:
         """The progress watchdog: heartbeats come from a thread and prove the process, not the loop."""
         running = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
-        stall = stalled([Progress(m.worker_id, *m.last_report) for m in running], now,
+        stall = policy.stalled([policy.Progress(m.worker_id, *m.last_report) for m in running], now,
                         self._elastic.progress_timeout_s)
         for worker_id in stall.hung:
             self._lose(self._workers[worker_id], f"no report for over progress_timeout_s="
@@ -472,10 +467,19 @@ class Supervisor:
                 resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
                 max_concurrency=6,
                 scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
+                label_selector=self._away_from_leaving_nodes(),
             ).remote(worker_id, self._self_handle, self._spec)
             record = WorkerRecord(worker_id, actor)
             self._workers[worker_id] = record
             self._track(self._watch(record, actor.run.remote()))
+
+    def _away_from_leaving_nodes(self) -> dict[str, str] | None:
+        """Keep new workers off machines under a preemption notice, unless no other machine is left."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        leaving = self._leaving_nodes & alive
+        if not leaving or not alive - leaving:
+            return None
+        return {NODE_ID_LABEL_KEY: f"!in({','.join(sorted(leaving))})"}
 
     async def _watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """Wait for a worker's run to end (`run` or `wait_stopped`); a dead actor is a lost worker.
@@ -522,7 +526,19 @@ class Supervisor:
             if w.actor is not None:
                 ray.kill(w.actor)  # detached actors: whatever has not ended by now is ended here
         loop = asyncio.get_running_loop()
+        # A commit still under way (the last checkpoint's, retrying a slow store) may outlast the drain:
+        # wait for it, up to the storage retry deadline, so that the run does not end before its manifest
+        # is written. The sweep below leaves the folder of any commit still under way alone.
+        retry_deadline = self._elastic.storage_retry_deadline_s
+        if not await loop.run_in_executor(None, self._storage.wait_for_commits, retry_deadline):
+            logger.warning("a checkpoint commit is still under way after storage_retry_deadline_s=%ss; its folder "
+                           "is left for the next run with this name to verify", retry_deadline)
         try:
+            # Victims kept while a worker still wrote into them: the workers are gone now.
+            for victim in self._retention_victims():
+                if victim in self._committed:
+                    self._committed.remove(victim)
+                    await loop.run_in_executor(None, self._storage.delete, victim.attempt)
             await loop.run_in_executor(None, self._sweep_torn)
             await loop.run_in_executor(None, self._storage.write_text, "events.json",
                                        json.dumps(self._events, default=str))
@@ -655,10 +671,20 @@ class Supervisor:
         self._barriers.clear()
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
-        """A worker stored its part of checkpoint `index`; the last part commits the checkpoint."""
+        """A worker stored its part of checkpoint `index` of `generation`; the last part commits the
+        checkpoint. A part of another generation than the one the ledger holds for `index` is
+        ignored: it was stored into its own generation's folder, which is never committed."""
         await self._adopted.wait()
-        entry = self._ledger.mark_persisted(index, worker_id, facts)
-        if entry is None or entry.generation != generation or not entry.ready_to_commit:
+        entry = self._ledger.mark_persisted(index, worker_id, facts, generation)
+        if entry is None or not entry.ready_to_commit:
+            return
+        try:
+            # From here until `_commit` ends, no sweep or deletion of this process removes the folder.
+            self._storage.begin_commit(Attempt(index, generation))
+        except CommitRefused as exc:
+            entry.given_up = True
+            self._cadence.settled(index)
+            self._event("commit_refused", index=index, generation=generation, reason=str(exc))
             return
         entry.committed = True
         manifest = Manifest(
@@ -692,6 +718,8 @@ class Supervisor:
         if w is None or w.draining or w.status is WorkerStatus.LOST:
             return
         w.draining = True
+        if source != "sigterm":  # a cloud's notice: the machine goes, its replacement is placed elsewhere
+            self._leaving_nodes.add(w.node_id)
         self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
                     seconds_left=seconds_left)
         if self._state is RunState.RUNNING and self._is_member(w):
@@ -716,29 +744,59 @@ class Supervisor:
             self._wake.set()
 
     async def _commit(self, index: int, manifest: Manifest) -> None:
+        """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
+        obsolete: older torn attempts, and checkpoints beyond retention."""
         loop = asyncio.get_running_loop()
+        attempt = Attempt(index, manifest.generation)
         try:
-            committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
-            self._committed.append(committed)
-            self._committed.sort(key=lambda c: c.index)
-            self._event("checkpoint_committed", index=index, files=len(manifest.files), bytes=manifest.total_bytes)
+            try:
+                committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
+                # A new list, not a sort in place: a sweep on another thread reads it (a list being
+                # sorted looks empty meanwhile).
+                self._committed = sorted([*self._committed, committed], key=lambda c: c.attempt)
+            finally:
+                self._storage.end_commit(attempt)
+        except CommitRefused as exc:
+            logger.warning("checkpoint %d: %s; training goes on", index, exc)
             self._cadence.settled(index)
-            for torn in self._ledger.abandoned_before(index):
-                await loop.run_in_executor(None, self._storage.delete, torn)
-            for victim in self._retention_victims():
-                self._committed.remove(victim)
-                await loop.run_in_executor(None, self._storage.delete, victim.index)
+            self._event("commit_refused", index=index, generation=manifest.generation, reason=str(exc))
+            return
         except TransientStorageError as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
             self._cadence.settled(index)
             self._event("commit_given_up", index=index, reason=str(exc))
+            return
+        except StorageError as exc:
+            if not self._state.terminal:
+                self._fail(str(exc))
+                self._wake.set()
+            return
+        self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
+                    bytes=manifest.total_bytes)
+        self._cadence.settled(index)
+        # A folder that a live worker may still upload a part into is not removed yet: removed under
+        # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
+        live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
+        writing = {Attempt(i, e.generation) for i, e in list(self._ledger.entries.items())
+                   if e.persist and any(wid in live and wid not in e.persisted for wid, _ in e.parts.values())}
+        try:
+            for torn in self._ledger.abandoned_before(index, live):
+                await loop.run_in_executor(None, self._storage.delete, Attempt(*torn))
+            for victim in self._retention_victims(writing):
+                if victim in self._committed:  # another commit's clean-up may have taken it meanwhile
+                    self._committed.remove(victim)
+                    await loop.run_in_executor(None, self._storage.delete, victim.attempt)
+        except TransientStorageError as exc:
+            logger.warning("could not remove an obsolete checkpoint folder: %s; left for the sweep", exc)
         except StorageError as exc:
             if not self._state.terminal:
                 self._fail(str(exc))
                 self._wake.set()
 
-    def _retention_victims(self) -> list[CommittedCheckpoint]:
-        """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point)."""
+    def _retention_victims(self, writing: set[Attempt] | frozenset[Attempt] = frozenset()) -> list[CommittedCheckpoint]:
+        """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point), nor
+        one in `writing` (a rank still uploads its copy of a file that another rank's copy committed):
+        that one is a victim of a later call."""
         cfg = self._checkpointing
         if cfg.num_to_keep is None or len(self._committed) <= cfg.num_to_keep:
             return []
@@ -747,13 +805,13 @@ class Supervisor:
             attr, sign = cfg.checkpoint_score_attribute, (1 if cfg.checkpoint_score_order == "max" else -1)
             ranked = sorted(
                 self._committed,
-                key=lambda c: (attr in c.metrics, sign * c.metrics.get(attr, 0), c.index),
+                key=lambda c: (attr in c.metrics, sign * c.metrics.get(attr, 0), c.attempt),
                 reverse=True,
             )
         else:
-            ranked = sorted(self._committed, key=lambda c: c.index, reverse=True)
+            ranked = sorted(self._committed, key=lambda c: c.attempt, reverse=True)
         keep = ranked[: cfg.num_to_keep]
-        return [c for c in self._committed if c not in keep and c is not latest]
+        return [c for c in self._committed if c not in keep and c is not latest and c.attempt not in writing]
 
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:

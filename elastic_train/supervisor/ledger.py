@@ -98,21 +98,33 @@ class CheckpointLedger:
         for index, entry in self.entries.items():
             entry.reported_ranks.update(m.rank for m in members if m.index >= index)
 
-    def mark_persisted(self, index: int, worker_id: int, facts: dict[str, dict[str, Any]]) -> ReportEntry | None:
-        """Note that `worker_id` stored its part of checkpoint `index`; returns the entry, if still known."""
+    def mark_persisted(
+        self, index: int, worker_id: int, facts: dict[str, dict[str, Any]], generation: int
+    ) -> ReportEntry | None:
+        """Note that `worker_id` stored its part of checkpoint `index` of `generation`; returns the
+        entry, if still known. A part of another generation is not counted: after a rewind the next
+        generation reports the same index again, and an older part would make its entry look stored."""
         entry = self.entries.get(index)
-        if entry is not None:
-            entry.persisted[worker_id] = facts
+        if entry is None or entry.generation != generation:
+            return None
+        entry.persisted[worker_id] = facts
         return entry
 
-    def abandoned_before(self, index: int) -> list[int]:
+    def abandoned_before(self, index: int, live_workers: set[int]) -> list[tuple[int, int]]:
         """Older checkpoints that stored some parts but will never commit (a newer one has): their
-        folders are torn. Each is returned once."""
-        found = [i for i, e in self.entries.items()
-                 if i < index and not e.committed and e.persisted]
-        for i in found:
-            self.entries[i].persisted.clear()
-            self.entries[i].given_up = True
+        folders are torn. Each is marked given up at once, and returned once, as (index,
+        generation), when no live worker may still be uploading a part of it (one told to store its
+        part that has not reported it stored): removing a folder under a writer would only leave it
+        to be recreated. Those are returned by a later call, or swept when the run ends."""
+        found = []
+        for i, e in self.entries.items():
+            if i >= index or e.committed or not e.persisted:
+                continue
+            e.given_up = True
+            if e.persist and any(wid in live_workers and wid not in e.persisted for wid, _ in e.parts.values()):
+                continue
+            e.persisted.clear()
+            found.append((i, e.generation))
         return sorted(found)
 
     def resume_plan(self, live_workers: set[int]) -> ResumePlan | None:

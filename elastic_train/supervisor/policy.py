@@ -3,7 +3,11 @@ the actor gathers the facts, calls these, and carries out what they return."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
+from elastic_train.protocol import Exit
 
 
 @dataclass(frozen=True)
@@ -37,3 +41,93 @@ def stalled(progress: list[Progress], now: float, timeout_s: float | None) -> St
         return Stall(restart=True)
     return Stall(hung=behind)
 
+
+
+class Do(str, enum.Enum):
+    """What the supervisor does next."""
+
+    WAIT = "wait"
+    FINISH = "finish"  # every member's loop returned
+    RESTART = "restart"  # leave the generation: abort the survivors' group, re-form from memory
+    RESIZE = "resize"  # capacity for more workers: unwind at the next report, then re-form
+    OPEN = "open"  # open the next generation with the candidates
+    SCHEDULE = "schedule"  # below the minimum: wait for capacity
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    do: Do
+    reason: str = ""
+    failure: str | None = None  # a failure to count against FailureConfig.max_failures (its detail)
+    dropped: tuple[int, ...] = ()  # members that did not leave an ended generation in time: hung
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member of the current generation, as the decisions see it."""
+
+    worker_id: int
+    rank: int
+    exit: Exit | None = None  # how it left the generation; None while it runs (or once lost)
+    lost: bool = False
+    draining: bool = False  # under a preemption notice: it leaves, it is no candidate
+    detail: str = ""  # the traceback of a user error, or why it was lost
+
+
+def _user_error(members: list[Member], counted: bool) -> str | None:
+    """A generation whose user code raised counts one failure, however many ranks raised: the same
+    bug on every rank is one failure of the worker group, as Ray Train counts it."""
+    raised = sorted((m for m in members if m.exit is Exit.USER_ERROR), key=lambda m: m.rank)
+    return raised[0].detail if raised and not counted else None
+
+
+def running(members: list[Member], *, resizing: bool, standby: int, scaling: ScalingConfig,
+            failure: FailureConfig, error_counted: bool) -> Decision:
+    """The current generation runs (or unwinds for a resize): what its members' state means."""
+    exits = [m.exit for m in members if m.exit is not None]
+    lost = [m for m in members if m.lost]
+    if Exit.FINISHED in exits and all(m.exit is Exit.FINISHED or m.lost for m in members):
+        return Decision(Do.FINISH)
+    if Exit.USER_ERROR in exits:
+        return Decision(Do.RESTART, "user code raised", failure=_user_error(members, error_counted))
+    if lost or Exit.COLLECTIVE_ERROR in exits or (not resizing and any(e is not Exit.FINISHED for e in exits)):
+        counted = f"worker {lost[0].worker_id} lost: {lost[0].detail}" if lost and failure.count_worker_loss else None
+        return Decision(Do.RESTART, "worker lost" if lost else "collective failed", failure=counted)
+    if resizing:
+        if not all(e is Exit.UNWOUND for e in exits) or len(exits) < len(members):
+            return Decision(Do.WAIT)
+        staying = sum(not m.draining for m in members) + standby
+        if staying >= scaling.min_workers:
+            return Decision(Do.OPEN, "resized")
+        return Decision(Do.SCHEDULE, "below min workers after a drain")
+    if standby and len(members) < scaling.max_workers:
+        return Decision(Do.RESIZE, f"{standby} worker(s) ready to join")
+    return Decision(Do.WAIT)
+
+
+def restarting(members: list[Member], *, parked: int, waited_s: float, drain_timeout_s: float,
+               scaling: ScalingConfig, error_counted: bool) -> Decision:
+    """The generation ended: wait for its survivors to leave it, then re-form. `parked` counts the
+    workers ready for the next generation (survivors and newcomers, none under a notice)."""
+    still_in = tuple(m.worker_id for m in members if m.exit is None and not m.lost)
+    if still_in and waited_s <= drain_timeout_s:
+        return Decision(Do.WAIT)
+    failure = _user_error(members, error_counted)
+    reason = f"did not leave the generation within drain_timeout_s={drain_timeout_s}s" if still_in else ""
+    do = Do.OPEN if parked >= scaling.min_workers else Do.SCHEDULE
+    return Decision(do, reason, failure=failure, dropped=still_in)
+
+
+def scheduling(*, parked: int, starting: int, first: bool, expected_initial: int, waited_s: float,
+               scaling: ScalingConfig, elastic: ElasticConfig) -> Decision:
+    """No generation runs: open one once enough workers are ready, or fail after the wait allowed."""
+    settled = parked >= scaling.max_workers or (not starting and (not first or parked >= expected_initial))
+    if parked >= scaling.min_workers and (settled or waited_s > elastic.initial_placement_timeout_s):
+        return Decision(Do.OPEN)
+    if waited_s > elastic.min_workers_timeout_s:
+        return Decision(Do.FAIL, (
+            f"only {parked + starting} of the minimum {scaling.min_workers} workers could be placed within "
+            f"min_workers_timeout_s={elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
+            "ScalingConfig.num_workers, or raise ElasticConfig.min_workers_timeout_s."))
+    return Decision(Do.WAIT)

@@ -24,7 +24,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
-from elastic_train.worker.persister import PartUpload, Persister
+from elastic_train.worker.persister import PartSuperseded, PartUpload, Persister, superseded
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.process_group import GenerationProcessGroup
@@ -255,12 +255,18 @@ class TrainWorker:
             files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
         except KeyError:
             return
-        self._persister.submit(PartUpload(plan.generation, plan.index, files))
+        self._persister.submit(PartUpload(plan.generation, plan.index, files, supersedable=False, final=True))
         self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
 
     # -- the persister's callbacks (its thread) -------------------------------------------------
     def _upload(self, part: PartUpload) -> None:
-        facts = self._spec.storage.write_part(part.index, part.files)
+        """Store a part into its generation's own folder; a part that a newer generation made
+        obsolete while it waited is dropped instead (see `persister.superseded`)."""
+        place = self._assignment
+        if superseded(part, place):
+            raise PartSuperseded(f"generation {place.generation} resumed at checkpoint "
+                                 f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
+        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
         ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts))
 

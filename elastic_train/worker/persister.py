@@ -5,6 +5,11 @@ upload runs on this thread instead; at most one is in flight, and a newer snapsh
 still waiting (its state is older, so storing it would only delay the newer one). A storage outage
 therefore slows persistence, never training: the upload is retried (`checkpoint/retry.py`), and
 when its retry deadline passes the snapshot is given up, with a warning, for the next one.
+
+A part of a generation that has since been superseded is dropped before its upload when the newer
+generation reports its index again (`superseded`): the supervisor has forgotten that checkpoint, so
+storing it could only leave a torn folder. Storage keeps each generation's attempt in a folder of
+its own, so a part already on its way when its generation ends can never touch another's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Callable
 
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.errors import StorageError
+from elastic_train.protocol import Assignment
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +36,22 @@ class PartUpload:
     index: int
     files: dict[str, bytes]
     supersedable: bool = True  # a newer part may replace it while it waits
+    final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
+
+
+class PartSuperseded(Exception):
+    """Raised by an upload for a part that is no longer wanted: the persister drops it."""
+
+
+def superseded(part: PartUpload, assignment: Assignment | None) -> bool:
+    """Is `part` of an older generation than the worker's latest `assignment`, at an index that the
+    newer generation reports again? The supervisor rewound its record past that index when the newer
+    generation opened, so the part can never be committed. Parts at or below the newer generation's
+    resume index may still be (checkpoints kept by score are all stored), and so are kept."""
+    if part.final or assignment is None or assignment.generation <= part.generation:
+        return False
+    resumed_at = assignment.resume.index if assignment.resume is not None else 0
+    return part.index > resumed_at
 
 
 class Persister:
@@ -41,8 +63,9 @@ class Persister:
         on_given_up: Callable[[PartUpload, StorageError], None],
         on_failed: Callable[[PartUpload, StorageError], None],
     ):
-        """`upload` stores a part (retrying transient errors itself); `on_given_up` hears of a part
-        given up after its retry deadline, `on_failed` of a permanent storage error."""
+        """`upload` stores a part (retrying transient errors itself; raising `PartSuperseded` for a
+        part no longer wanted); `on_given_up` hears of a part given up after its retry deadline,
+        `on_failed` of a permanent storage error."""
         self._upload = upload
         self._on_given_up = on_given_up
         self._on_failed = on_failed
@@ -87,6 +110,9 @@ class Persister:
                 part, self._busy = self._pending.popleft(), True
             try:
                 self._upload(part)
+            except PartSuperseded as exc:
+                logger.info("checkpoint %d of generation %d dropped before its upload: %s", part.index,
+                            part.generation, exc)
             except TransientStorageError as exc:
                 logger.warning("checkpoint %d not persisted, storage kept failing: %s; training goes on, the "
                                "next checkpoint will be tried", part.index, exc)
