@@ -166,6 +166,9 @@ class ElasticConfig:
     """How long a new process group waits for all its ranks to join."""
     collective_timeout_s: float = 300.0
     """Per-operation timeout of the torch.distributed process group."""
+    process_group_destroy_timeout_s: float = 10.0
+    """How long a worker's next join waits for the previous generation's group to be torn down (off
+    the training thread) before it goes on without it. Must be below `rendezvous_timeout_s`."""
     supervisor_max_restarts: int = 3
     """How often Ray restarts a supervisor that died; the restarted one adopts the workers (-1: always)."""
     supervisor_adoption_timeout_s: float = 10.0
@@ -212,6 +215,12 @@ class ElasticConfig:
         for f in dataclasses.fields(self):
             if f.name.endswith("_s") and not (f.name in _OPTIONAL_S and getattr(self, f.name) is None):
                 _check_positive("ElasticConfig", f.name, getattr(self, f.name))
+        if self.process_group_destroy_timeout_s >= self.rendezvous_timeout_s:
+            raise ConfigError(
+                f"ElasticConfig.process_group_destroy_timeout_s={self.process_group_destroy_timeout_s} must be "
+                f"below rendezvous_timeout_s={self.rendezvous_timeout_s}: a worker still tearing its old group "
+                "down would make its peers' rendezvous time out. Lower it, or raise rendezvous_timeout_s."
+            )
         if self.drain_timeout_s <= self.rendezvous_timeout_s:
             raise ConfigError(
                 f"ElasticConfig.drain_timeout_s={self.drain_timeout_s} must exceed rendezvous_timeout_s="

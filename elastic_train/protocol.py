@@ -22,6 +22,7 @@ class Outcome:
     exit: Exit
     generation: int = -1
     detail: str = ""  # the traceback for USER_ERROR / COLLECTIVE_ERROR
+    held: list[tuple[int, int]] = field(default_factory=list)  # (generation, index) of the parts it holds
 
 
 @dataclass

@@ -23,7 +23,7 @@ def test_sigstopped_worker_is_dropped_ended_and_replaced(local_ray, run_dirs):
     """A frozen worker is dropped after the heartbeat timeout and its process is ended: alive, it would
     keep its CPU (or GPU) and, on this full 2-CPU machine, no replacement could be placed."""
     elastic = et.ElasticConfig(heartbeat_timeout_s=3.0)
-    trainer = _trainer(run_dirs, 80, (1, 2), {"kind": "stop", "rank": 1, "at_step": 10, "point": "before_report"},
+    trainer = _trainer(run_dirs, 150, (1, 2), {"kind": "stop", "rank": 1, "at_step": 10, "point": "before_report"},
                        elastic=elastic)
     join = fit_in_background(trainer)
     fault_file = Path(run_dirs["log_dir"]) / "fault.json"
@@ -36,7 +36,7 @@ def test_sigstopped_worker_is_dropped_ended_and_replaced(local_ray, run_dirs):
     wait_for(lambda: not _running(fault["pid"]), 30, "the frozen process to be ended")
     result = join(150)
     assert result.error is None, result.error
-    assert result.metrics["step"] == 80
+    assert result.metrics["step"] == 150
 
     # Dropped within the heartbeat timeout (plus one control tick and the restart itself).
     lost = [e for e in result.events if e["kind"] == "worker_lost" and e["pid"] == fault["pid"]]

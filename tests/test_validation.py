@@ -36,6 +36,7 @@ def loop(config):
         (lambda: et.ElasticConfig(drain_timeout_s=10, rendezvous_timeout_s=30),
          "drain_timeout_s=10 must exceed rendezvous_timeout_s=30.*Raise drain_timeout_s"),
         (lambda: et.ElasticConfig(progress_timeout_s=0), "progress_timeout_s must be a positive number"),
+        (lambda: et.ElasticConfig(process_group_destroy_timeout_s=25), "must be below rendezvous_timeout_s=20"),
         (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
     ],
 )

@@ -40,6 +40,7 @@ from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assi
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
+from elastic_train.worker.nccl_env import nccl_env
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._self_handle = None
         self._worker_class = ray.remote(TrainWorker)
+        self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
 
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
@@ -347,7 +349,7 @@ class Supervisor:
 
     def _resume_plan(self, live: set[int]) -> ResumePlan | None:
         """The newest checkpoint there is: served from survivors' memory, else loaded from storage."""
-        in_memory = self._ledger.resume_plan(live)
+        in_memory = self._ledger.resume_plan(live, self._holds())
         stored = self._committed[-1] if self._committed else None
         if stored is None or (in_memory is not None and in_memory.index >= stored.index):
             return in_memory
@@ -370,8 +372,8 @@ class Supervisor:
     async def _hand_over(self, leaving: list[WorkerRecord]) -> None:
         leaving_ids = {w.worker_id for w in leaving}
         staying = [w for w in self._members() if w.status is WorkerStatus.PARKED and w.worker_id not in leaving_ids]
-        whole = self._ledger.resume_plan({w.worker_id for w in leaving + staying})
-        kept = self._ledger.resume_plan({w.worker_id for w in staying})
+        whole = self._ledger.resume_plan({w.worker_id for w in leaving + staying}, self._holds())
+        kept = self._ledger.resume_plan({w.worker_id for w in staying}, self._holds())
         flush = None
         try:
             if whole is not None and (kept is None or kept.index < whole.index):
@@ -398,6 +400,7 @@ class Supervisor:
             logger.warning("worker %d could not hand checkpoint %d over: %r", source.worker_id, plan.index, exc)
             return
         self._ledger.record_replica(plan.generation, plan.index, target.worker_id, names)
+        target.holds.add((plan.generation, plan.index))
         self._event("checkpoint_handed_over", source=source.worker_id, target=target.worker_id, index=plan.index,
                     names=names)
 
@@ -468,6 +471,10 @@ class Supervisor:
                 max_concurrency=6,
                 scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
                 label_selector=self._away_from_leaving_nodes(),
+                # NCCL: the c10d watchdog must not end a survivor's process (worker/nccl_env.py); set
+                # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
+                runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
+                if self._spec.backend == "nccl" else None,
             ).remote(worker_id, self._self_handle, self._spec)
             record = WorkerRecord(worker_id, actor)
             self._workers[worker_id] = record
@@ -508,7 +515,7 @@ class Supervisor:
         reason = "run finished" if self._state is RunState.FINISHED else "run failed"
         if self._state is RunState.ERRORED:
             live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
-            newest = self._ledger.resume_plan(live)
+            newest = self._ledger.resume_plan(live, self._holds())
             stored = self._committed[-1].index if self._committed else 0
             self._final_flush = newest if newest is not None and newest.index > stored else None
         for w in self._workers.values():
@@ -554,6 +561,10 @@ class Supervisor:
         self._events.append({"t": round(time.monotonic() - self._started, 4), "time": time.time(), "kind": kind,
                              **details})
 
+    def _holds(self) -> dict[int, set[tuple[int, int]]]:
+        """What each parked worker holds in memory (it told at parking; replicas it took since are added)."""
+        return {w.worker_id: w.holds for w in self._with(WorkerStatus.PARKED)}
+
     def _with(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self._workers.values() if w.status is status]
 
@@ -594,6 +605,7 @@ class Supervisor:
             self._event("fenced_worker_rejoined", worker_id=worker_id, pid=w.pid, old_generation=outcome.generation)
             w.rank = -1
         w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
+        w.holds = set(map(tuple, outcome.held))
         w.last_heartbeat = time.monotonic()
         w.waiting = asyncio.get_running_loop().create_future()
         waiting = w.waiting
@@ -697,10 +709,15 @@ class Supervisor:
         )
         self._track(self._commit(index, manifest))
 
-    async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str]) -> None:
-        """A worker holds a copy of a peer's part of checkpoint `index` (see worker/replicator.py)."""
-        await self._adopted.wait()
+    async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
+                           parked: bool = False) -> None:
+        """A worker holds a copy of a peer's part of checkpoint `index` (see worker/replicator.py, and
+        the hand-over of a leaving worker). `parked`: it took it out of a generation, where nothing is
+        evicted, so it still holds it."""
+        w = await self._record(worker_id)
         self._ledger.record_replica(generation, index, worker_id, names)
+        if parked and w is not None and w.status is WorkerStatus.PARKED:
+            w.holds.add((generation, index))
 
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""

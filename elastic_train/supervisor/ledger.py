@@ -8,6 +8,7 @@ from memory as long as every name it holds is still held by some live worker.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +128,22 @@ class CheckpointLedger:
             found.append((i, e.generation))
         return sorted(found)
 
-    def resume_plan(self, live_workers: set[int]) -> ResumePlan | None:
-        """The newest checkpoint that live workers can serve whole from memory."""
+    def resume_plan(self, live_workers: set[int],
+                    holds: Mapping[int, set[tuple[int, int]]] | None = None) -> ResumePlan | None:
+        """The newest checkpoint that live workers can serve whole from memory. `holds` has what a
+        parked worker told it holds, as (generation, index): exact, where the ledger's own view of
+        what each worker still keeps in memory is not (a worker evicts its oldest snapshots)."""
+        holds = holds or {}
         with_parts = sorted((i for i, e in self.entries.items() if e.complete and e.parts), reverse=True)
-        for index in with_parts[: self._keep]:
+        for index in with_parts:
             entry = self.entries[index]
+
+            def serves(wid: int) -> bool:
+                return wid in live_workers and (wid not in holds or (entry.generation, index) in holds[wid])
+
             holders: dict[int, list[str]] = {}
             for name in sorted(entry.names):
-                holder = next((wid for wid in entry.holders(name) if wid in live_workers), None)
+                holder = next((wid for wid in entry.holders(name) if serves(wid)), None)
                 if holder is None:
                     break
                 holders.setdefault(holder, []).append(name)

@@ -67,7 +67,8 @@ class TrainWorker:
         self._replicas = CheckpointMemory(spec.elastic.checkpoints_in_memory)  # peers' parts (replicator.py)
         self._replicator = Replicator(self._send_replica)
         self._group = GenerationProcessGroup(
-            spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s
+            spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s,
+            spec.elastic.process_group_destroy_timeout_s,
         )
         self._generation: int | None = None
         self._assignment: Assignment | None = None  # the last generation's place
@@ -110,8 +111,9 @@ class TrainWorker:
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         """Keep a peer's checkpoint part, and tell the supervisor this worker holds it."""
-        self._replicas.put(held, files)
-        self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names)
+        running = held.generation == self._generation
+        self._replicas.put(held, files, evict=running)
+        self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running)
 
     def hand_over(self, generation: int, index: int, names: list[str], peer: Any) -> None:
         """This worker is leaving (a preemption notice): copy its files of a checkpoint into `peer`'s
@@ -160,6 +162,7 @@ class TrainWorker:
                     self._flush_on_stop(place)
                     return place.reason
                 outcome = self._run_generation(place)
+                outcome.held = self._memory.keys() + self._replicas.keys()
         finally:
             heartbeat.stop()
             self._notices.stop()
@@ -236,7 +239,7 @@ class TrainWorker:
     def _on_superseded(self, generation: int) -> None:
         if self._generation == generation:
             self._superseded.set()
-            self._group.abort()
+            self._group.abort(generation)
 
     def _flush_last_checkpoint(self, session: TrainSession) -> None:
         """The loop returned: its last checkpoint goes to storage before the run ends, whatever the cadence."""

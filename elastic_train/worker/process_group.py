@@ -1,11 +1,60 @@
 """The torch.distributed process group of one generation: join, abort, leave.
 
-A survivor keeps its process across generations; only this group is torn down and rebuilt. A
-collective stuck on a frozen peer must be interrupted from another thread. Gloo has no working
-abort for an op in flight (`_abort_process_group` returns but the op waits for its full timeout), so
-`abort()` shuts down the group's own TCP connections: the op fails at once with "Connection closed
-by peer" and the group can be destroyed and rebuilt (measured: < 5 ms). For NCCL, `abort()` calls
-the communicator abort.
+A survivor keeps its process across generations; only the group is torn down and rebuilt. Each
+generation's group is this process's *default* group (`init_process_group` on the generation's own
+store prefix), so user code that calls `dist.all_reduce(x)`, `dist.get_rank()` or builds DDP without
+naming a group works unchanged, and sees the generation's world. This object owns that group: it
+aborts it, and tears it down (with any subgroup the loop made in it), itself.
+
+Abort is generation-scoped: `abort(g)` acts only on the group of generation `g`. A late abort (for g,
+arriving after this worker left g and joined g+1) is ignored; one that arrives while g's group is
+still forming aborts it as soon as it exists.
+
+Gloo has no abort for an operation in flight (`ProcessGroupGloo.abort()` returns, the op waits its
+full timeout: measured on torch 2.13), so `abort()` shuts down the group's own TCP connections: the op
+fails at once ("Connection closed by peer"). Which connections: gloo publishes each rank's listening
+address in the group's store at rendezvous (gloo/transport/tcp/context.cc, `Rank::bytes`); a gloo
+connection is one whose local end is this rank's listener or whose remote end is a peer's. Each
+socket is checked again on a duplicate of its descriptor before it is shut down, so a descriptor
+reused meanwhile is left alone. Sockets that other threads open (S3, Ray) never match. (Gloo
+subgroups the loop makes with `new_group` have listeners of their own and are not interrupted; DDP
+and `dist.*` calls without a group use the default one.)
+
+NCCL. Measured on an H100 (torch 2.11, NCCL 2.28, /work/shared/gpu/README.md), stock settings let
+survivors die: c10d's watchdog saw the dead peer's error, slept 4 x the dump timeout (60 s) and took
+the process down; with error handling "CleanUpOnly" the process lived but `destroy_process_group()`
+blocked 123 s behind that sleep. What this module does instead, as torchft's ProcessGroupNCCL does
+where it applies:
+* non-blocking communicators (`config.blocking = False`), bound to this worker's GPU at join, so
+  another thread can abort them while an operation is in flight;
+* the watchdog may abort a failed or timed-out communicator but never end the process, and does
+  not sleep a minute first: `nccl_env()` (worker/nccl_env.py), set before the first NCCL group;
+* `abort(g)` aborts the group's communicators (`ProcessGroup.abort()`, in one NCCL group call as
+  c10d's own abort does) on a helper thread: the caller (heartbeat or RPC thread) never blocks;
+* teardown off the training thread with a deadline: `leave()` forgets the groups in c10d's registry
+  at once (what `destroy_process_group()` does after shutting the backends down), and a teardown
+  thread aborts (NCCL) or shuts down (gloo) them and drops the last references, so that destructors
+  joining c10d's threads run there. The next `join()` waits for it at most `destroy_timeout_s`, then
+  goes on without it (its resources stay held, logged). NCCL groups are aborted rather than
+  finalized: a graceful finalize waits for peers that may be gone, and the state of the next
+  generation comes from checkpoints, not from collectives left in flight.
+
+Not used, with reasons:
+* torchft as a dependency. Its reconfigurable groups are Python `ProcessGroup` wrappers that add a
+  user-space timer to every operation (the hot path of DDP), and they can only be registered as a
+  world-size-1 group, so they cannot be the default group that `dist.all_reduce(x)` and
+  `dist.get_world_size()` use. Its ProcessGroupNCCL sets no watchdog variables (its PR #141 leaves
+  them as a TODO): the 60 s teardown above would remain. What it does that matters (non-blocking
+  comms, eager device binding, abort from another thread, a fresh group per configuration) is the
+  few lines here. Its subprocess-isolated ProcessGroupBabyNCCL is the fallback if a GPU run shows
+  that an in-process communicator cannot be recovered.
+* `distributed_c10d.shrink_group` (torch >= 2.13, NCCL >= 2.27). It needs the old communicator
+  healthy or shrinks it with SHRINK_ABORT, and the set of excluded ranks on every survivor. Here a
+  failure is handled by aborting the group before the next membership is known (`abort_generation`
+  carries only the generation), and a planned shrink (a drain) unwinds at a report boundary where a
+  fresh init costs little: re-forming NCCL at world 2 took 0.08 s in the measurement. Using it would
+  take the supervisor sending the excluded ranks with the abort; gloo cannot shrink (2.13), so the
+  path could not be tested here either.
 """
 
 from __future__ import annotations
@@ -13,95 +62,318 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import threading
+import time
 from datetime import timedelta
+from typing import Any
 
 import psutil
 import torch
 import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
+from elastic_train.worker.nccl_env import apply_nccl_env
 
 logger = logging.getLogger(__name__)
 
-
-def _tcp_fds() -> set[int]:
-    return {c.fd for c in psutil.Process().net_connections("tcp") if c.fd >= 0}
+Address = tuple[str, int]
+Connection = tuple[int, Address, Address]  # descriptor, local end, remote end
 
 
 class GenerationProcessGroup:
-    """Owns the default process group for the generation this worker belongs to."""
+    """Owns the default process group of the generation this worker belongs to."""
 
-    def __init__(self, backend: str, rendezvous_timeout_s: float, collective_timeout_s: float):
+    def __init__(
+        self,
+        backend: str,
+        rendezvous_timeout_s: float,
+        collective_timeout_s: float,
+        destroy_timeout_s: float,
+    ):
         self.backend = backend
-        self._rendezvous_timeout = timedelta(seconds=rendezvous_timeout_s)
-        self._collective_timeout = timedelta(seconds=collective_timeout_s)
-        self._store: dist.TCPStore | None = None
-        self._connections: list[int] = []
-        self._aborted = threading.Event()
+        self._rendezvous_timeout_s = rendezvous_timeout_s
+        self._collective_timeout_s = collective_timeout_s
+        self._destroy_timeout_s = destroy_timeout_s
         self._lock = threading.Lock()
+        self._generation: int | None = None  # the generation joined (or joining)
+        self._group: dist.ProcessGroup | None = None  # its default group, once formed
+        self._store: dist.TCPStore | None = None
+        self._aborted = threading.Event()
+        self._listeners: list[Address] | None = None  # gloo: each rank's listening address
+        self._fallback: list[Connection] = []  # gloo, when the listeners could not be read
+        self._rank = -1
+        self._aborting: threading.Thread | None = None  # NCCL: the abort under way
+        self._teardown: _Teardown | None = None  # the previous generation's group, going away
 
+    # -- join -----------------------------------------------------------------------------------
     def join(self, assignment: Assignment) -> None:
-        """Rendezvous with the generation's other ranks and make their group the default one."""
-        self._aborted.clear()
+        """Rendezvous with the generation's other ranks and make their group this process's default one."""
+        self._await_teardown()
+        with self._lock:
+            self._generation, self._group, self._rank = assignment.generation, None, assignment.rank
+            self._aborted.clear()
+            self._listeners, self._fallback = None, []
         self._store = dist.TCPStore(
             assignment.master_addr,
             assignment.master_port,
             assignment.world_size,
             is_master=assignment.rank == 0,
-            timeout=self._rendezvous_timeout,
+            timeout=timedelta(seconds=self._rendezvous_timeout_s),
         )
-        before = _tcp_fds()
-        extra: dict = {}
-        if self.backend == "nccl":
-            # Non-blocking communicators can be aborted while an operation is in flight (torchft does
-            # the same); the group is bound to this worker's GPU up front.
-            options = dist.ProcessGroupNCCL.Options()
-            options.config.blocking = False
-            extra = {"pg_options": options, "device_id": torch.device("cuda", torch.cuda.current_device())}
+        before = _established() if self.backend == "gloo" else set()
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"generation/{assignment.generation}/", self._store),
             rank=assignment.rank,
             world_size=assignment.world_size,
-            timeout=self._collective_timeout,
-            **extra,
+            timeout=timedelta(seconds=self._collective_timeout_s),
+            **(self._nccl_options() if self.backend == "nccl" else {}),
         )
+        group = dist.group.WORLD
+        listeners, fallback = None, []
         if self.backend == "gloo":
-            self._connections = [
-                c.fd
-                for c in psutil.Process().net_connections("tcp")
-                if c.fd not in before and c.status == psutil.CONN_ESTABLISHED
-            ]
-
-    def abort(self) -> None:
-        """Make every operation of this group, in flight or future, fail at once. Thread-safe."""
+            listeners = _gloo_listeners(group, assignment.rank, assignment.world_size)
+            if listeners is None:
+                fallback = [c for c in _connections() if (c[1], c[2]) not in before]
         with self._lock:
-            if self._aborted.is_set() or not dist.is_initialized():
-                return
-            self._aborted.set()
-            if self.backend == "gloo":
-                for fd in self._connections:
-                    try:
-                        with socket.socket(fileno=os.dup(fd)) as sock:
-                            sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass  # the connection is already gone
+            self._group, self._listeners, self._fallback = group, listeners, fallback
+            if self._aborted.is_set():  # an abort of this generation came while its group was forming
+                self._abort_locked()
+
+    def _nccl_options(self) -> dict[str, Any]:
+        """A non-blocking communicator (abortable while an op is in flight), made at once on this GPU."""
+        apply_nccl_env(self._rendezvous_timeout_s)
+        options = dist.ProcessGroupNCCL.Options()
+        options.config.blocking = False
+        options.is_high_priority_stream = False
+        return {"pg_options": options, "device_id": torch.device("cuda", torch.cuda.current_device())}
+
+    # -- abort ----------------------------------------------------------------------------------
+    def abort(self, generation: int) -> bool:
+        """Make every operation of `generation`'s group, in flight or future, fail at once; False if
+        this worker's group is of another generation (a late abort). Thread-safe, does not block."""
+        with self._lock:
+            if generation != self._generation:
+                logger.info("abort of generation %d ignored: this worker's group is of generation %s",
+                            generation, self._generation)
+                return False
+            if not self._aborted.is_set():
+                self._aborted.set()
+                if self._group is not None:  # else join aborts it once formed
+                    self._abort_locked()
+            return True
+
+    def _abort_locked(self) -> None:
+        if self.backend == "gloo":
+            if self._listeners is not None:
+                connections = _gloo_connections(self._listeners, self._rank)
             else:
-                dist.distributed_c10d._abort_process_group()
-            logger.info("aborted the process group")
+                connections = self._fallback
+            closed = sum(_shut_down(*c) for c in connections)
+            logger.info("aborted the group of generation %s: shut down %d gloo connections", self._generation, closed)
+        else:
+            groups = _registered_groups()
+            logger.info("aborting the group of generation %s (%d process groups)", self._generation, len(groups))
+            self._aborting = threading.Thread(
+                target=_abort_groups, args=(groups, self._generation), daemon=True,
+                name=f"elastic-train-abort-{self._generation}",
+            )
+            self._aborting.start()
 
     @property
     def aborted(self) -> bool:
+        """Was the current generation's group aborted?"""
         return self._aborted.is_set()
 
+    # -- leave ----------------------------------------------------------------------------------
     def leave(self) -> None:
-        """Destroy the group and its store; the process stays, ready for the next generation."""
+        """Let the generation's group go; the process stays, ready for the next generation. Does not
+        block: the backends are torn down on a thread of their own, which the next join awaits."""
         with self._lock:
-            if dist.is_initialized():
-                try:
+            generation, aborted, aborting = self._generation, self._aborted.is_set(), self._aborting
+            self._generation, self._group, self._store, self._aborting = None, None, None, None
+            self._listeners, self._fallback = None, []
+            try:
+                groups = _forget_groups()
+            except AttributeError as exc:  # another c10d layout: destroy here, blocking, as torch does
+                logger.warning("c10d's registry has another layout (%s): destroying the group on this thread", exc)
+                groups = []
+                if dist.is_initialized():
                     dist.destroy_process_group()
-                except Exception as exc:  # noqa: BLE001 - an aborted group may refuse; it is gone either way
-                    logger.debug("destroy_process_group: %s", exc)
-            self._store = None
-            self._connections = []
+        if groups or aborting is not None:
+            self._teardown = _Teardown(generation, groups, self.backend, aborted, aborting)
+            self._teardown.start()
+
+    def _await_teardown(self) -> None:
+        teardown, self._teardown = self._teardown, None
+        if teardown is not None and not teardown.finished(self._destroy_timeout_s):
+            logger.error(
+                "the process group of generation %s was not torn down within destroy_timeout_s=%ss; going on "
+                "without it (what it holds stays held)", teardown.generation, self._destroy_timeout_s,
+            )
+
+
+class _Teardown(threading.Thread):
+    """Aborts (NCCL) or shuts down (gloo) a left generation's groups and drops the last references to
+    them, so that their destructors, which join c10d's threads, run here and not on the training thread."""
+
+    def __init__(self, generation: int | None, groups: list[dist.ProcessGroup], backend: str, aborted: bool,
+                 aborting: threading.Thread | None):
+        super().__init__(daemon=True, name=f"elastic-train-teardown-{generation}")
+        self.generation = generation
+        self._groups, self._backend, self._aborted, self._aborting = groups, backend, aborted, aborting
+        self._started_at = time.monotonic()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self._backend == "gloo":
+                for group in self._groups:
+                    try:
+                        group.shutdown()
+                    except Exception as exc:  # noqa: BLE001 - an aborted group may refuse; it goes either way
+                        logger.debug("shutdown of a group of generation %s: %s", self.generation, exc)
+            elif self._aborting is not None:  # the abort under way tears the NCCL group down
+                self._aborting.join()
+            elif not self._aborted:
+                _abort_groups(self._groups, self.generation)
+            self._groups.clear()
+        finally:
+            self._done.set()
+
+    def finished(self, timeout_s: float) -> bool:
+        """Wait until the teardown is done, at most `timeout_s` after it started."""
+        return self._done.wait(max(0.0, self._started_at + timeout_s - time.monotonic()))
+
+
+def _abort_groups(groups: list[dist.ProcessGroup], generation: int | None) -> None:
+    """Abort the communicators of `groups`, within one NCCL group call (as c10d's `_abort_process_group`
+    does: separate aborts of several communicators can deadlock each other, pytorch/pytorch#119797)."""
+    started = time.monotonic()
+    nccl = None
+    try:
+        nccl = groups[0]._get_backend(torch.device("cuda")) if groups else None
+    except RuntimeError:
+        pass
+    grouped = nccl is not None and hasattr(nccl, "_group_start")
+    try:
+        if grouped:
+            nccl._group_start()
+        for group in groups:
+            group.abort()
+        if grouped:
+            nccl._group_end()
+        logger.info("aborted the group of generation %s in %.3fs", generation, time.monotonic() - started)
+    except Exception as exc:  # noqa: BLE001 - an abort that fails leaves the teardown to the deadline
+        logger.warning("abort of the group of generation %s: %s", generation, exc)
+
+
+# -- c10d's registry ------------------------------------------------------------------------------
+def _registered_groups() -> list[dist.ProcessGroup]:
+    """The groups in c10d's registry, the newest first (the order `destroy_process_group` uses)."""
+    names = dict(dist.distributed_c10d._world.pg_names)  # a copy: the loop's thread may add a group meanwhile
+    return sorted(names, key=lambda group: names[group], reverse=True)
+
+
+def _forget_groups() -> list[dist.ProcessGroup]:
+    """Empty c10d's registry as `destroy_process_group()` does after shutting the backends down, and
+    return the groups it held for a teardown elsewhere. A new default group can then be made at once."""
+    c10d = dist.distributed_c10d
+    world = c10d._world
+    registries = (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                  world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state)
+    unregister, update_default = c10d._unregister_all_process_groups, c10d._update_default_pg
+    groups = _registered_groups()
+    update_default(None)
+    for registry in registries:
+        registry.clear()
+    unregister()
+    world.group_count = 0
+    return groups
+
+
+# -- gloo's connections ---------------------------------------------------------------------------
+def _gloo_listeners(group: dist.ProcessGroup, rank: int, world_size: int) -> list[Address] | None:
+    """Each rank's gloo listening address, from gloo's own rendezvous records in the group's store
+    (key `<group>/cpu/<device index>/<rank>`: hostname, device address, pair ids; see `Rank::bytes` in
+    gloo/transport/tcp/context.cc). None if they cannot be read or this rank's is not its listener."""
+    try:
+        store = dist.PrefixStore("0", dist.PrefixStore("cpu/", group.get_group_store()))
+        listeners = [_parse_gloo_rank(store.get(str(r))) for r in range(world_size)]
+    except Exception as exc:  # noqa: BLE001 - another gloo layout: fall back, loudly
+        logger.warning("gloo's rendezvous records could not be read (%s); abort() falls back to the connections "
+                       "opened while the group formed, which may include other threads' sockets", exc)
+        return None
+    own = {_address(c.laddr) for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    if not any(_matches(a, listeners[rank]) for a in own):
+        logger.warning("gloo's record of rank %d (%s) is not a listening socket of this process; abort() falls "
+                       "back to the connections opened while the group formed", rank, listeners[rank])
+        return None
+    return listeners
+
+
+def _parse_gloo_rank(data: bytes) -> Address:
+    """The listening address in a gloo TCP `Rank` record: size_t + hostname, size_t + address
+    (a sockaddr_storage, then a sequence number), then the pair ids."""
+    (hostname_size,) = struct.unpack_from("=Q", data, 0)
+    offset = 8 + hostname_size
+    (address_size,) = struct.unpack_from("=Q", data, offset)
+    sockaddr = data[offset + 8 : offset + 8 + address_size]
+    (family,) = struct.unpack_from("=H", sockaddr, 0)
+    (port,) = struct.unpack_from("!H", sockaddr, 2)
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, sockaddr[4:8]), port
+    if family == socket.AF_INET6:
+        return _address((socket.inet_ntop(socket.AF_INET6, sockaddr[8:24]), port))
+    raise ValueError(f"address family {family} in a gloo rank record")
+
+
+def _gloo_connections(listeners: list[Address], rank: int) -> list[Connection]:
+    """This process's connections of the group: accepted by this rank's listener, or made to a peer's."""
+    own, peers = listeners[rank], [a for r, a in enumerate(listeners) if r != rank]
+    return [c for c in _connections() if _matches(c[1], own) or any(_matches(c[2], p) for p in peers)]
+
+
+def _connections() -> list[Connection]:
+    return [(c.fd, _address(c.laddr), _address(c.raddr))
+            for c in psutil.Process().net_connections("tcp") if c.fd >= 0 and c.raddr]
+
+
+def _established() -> set[tuple[Address, Address]]:
+    return {(local, remote) for _, local, remote in _connections()}
+
+
+def _shut_down(fd: int, local: Address, remote: Address) -> bool:
+    """Shut down the connection `local`-`remote` at `fd`, if `fd` still is that connection."""
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return False  # closed meanwhile
+    try:
+        sock = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return False  # the descriptor was reused for something else than a socket
+    with sock:
+        try:
+            if _address(sock.getsockname()) != local or _address(sock.getpeername()) != remote:
+                return False  # the descriptor was reused for another socket
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False  # not connected (any more)
+
+
+def _address(address: Any) -> Address:
+    """(ip, port) of a psutil or socket address; IPv4-mapped IPv6 addresses as plain IPv4."""
+    ip, port = address[0], address[1]
+    return (ip[7:] if ip.startswith("::ffff:") and "." in ip else ip), port
+
+
+def _matches(address: Address, listener: Address) -> bool:
+    """Same port, and the same IP unless one of them is a wildcard (bound to all interfaces)."""
+    wildcards = ("0.0.0.0", "::")
+    return address[1] == listener[1] and (
+        address[0] == listener[0] or address[0] in wildcards or listener[0] in wildcards
+    )

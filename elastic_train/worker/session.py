@@ -46,11 +46,18 @@ class CheckpointMemory:
         self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, dict[str, bytes]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+    def put(self, held: HeldCheckpoint, files: dict[str, bytes], evict: bool = True) -> None:
+        """Keep a part; with `evict`, drop the oldest beyond `keep`. A worker tells the supervisor
+        what it holds when it parks; from then on, until its next generation, nothing is evicted."""
         with self._lock:
             self._parts[(held.generation, held.index)] = (held, files)
-            while len(self._parts) > self._keep:
+            while evict and len(self._parts) > self._keep:
                 self._parts.popitem(last=False)
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(generation, index) of every part held."""
+        with self._lock:
+            return list(self._parts)
 
     def holdings(self) -> list[HeldCheckpoint]:
         """What is held, for a restarted supervisor."""
