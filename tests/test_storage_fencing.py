@@ -3,7 +3,7 @@ its own, so a stale writer (a fenced worker, a persister still busy after its ge
 never change a checkpoint another generation commits; a commit checks the stored sizes against what
 the writers reported; a folder whose commit is under way is never swept, and one that a live rank
 still uploads into is not removed by retention. Storage, persister and ledger are tested without
-Ray; the supervisor's commit path on an instance built without its actor; shutdown on real Ray."""
+Ray; the commit path (supervisor/commits.py) without the supervisor actor; shutdown on real Ray."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import asyncio
 import os
 import shutil
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,11 +24,9 @@ from elastic_train.checkpoint.manifest import MANIFEST, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import Attempt, CommitRefused, RunStorage
 from elastic_train.protocol import Assignment, ResumePlan
-from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.cadence import PersistCadence
+from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
-from elastic_train.supervisor.state import RunState
 from elastic_train.worker.persister import PartSuperseded, PartUpload, Persister, superseded
 from tests.loops import sharded_directory_loop
 
@@ -239,48 +236,50 @@ def test_a_part_of_an_older_generation_never_counts_for_an_index_reported_again(
     assert ledger.abandoned_before(3, live_workers={10}) == []  # returned once
 
 
-def _supervisor(storage: RunStorage, checkpointing: et.CheckpointConfig, workers: list[int]) -> Supervisor:
-    """A supervisor's state without its Ray actor: enough for its commit path."""
-    supervisor = Supervisor.__new__(Supervisor)
-    supervisor._storage, supervisor._checkpointing = storage, checkpointing
-    supervisor._elastic = et.ElasticConfig()
-    supervisor._ledger = CheckpointLedger(keep=2)
-    supervisor._cadence = PersistCadence(checkpointing, 0.0)
-    supervisor._committed, supervisor._tasks, supervisor._events = [], set(), []
-    supervisor._started, supervisor._state, supervisor._generation = time.monotonic(), RunState.RUNNING, -1
-    supervisor._wake, supervisor._adopted = asyncio.Event(), asyncio.Event()
-    supervisor._adopted.set()
-    supervisor._workers = {w: WorkerRecord(w, actor=None, status=WorkerStatus.MEMBER) for w in workers}
-    return supervisor
+class _Commits(Commits):
+    """The supervisor's commit path without its Ray actor: live workers given, tasks kept to wait for."""
+
+    def __init__(self, storage: RunStorage, checkpointing: et.CheckpointConfig, workers: list[int]):
+        self.ledger, self.tasks, self.events = CheckpointLedger(keep=2), set(), []
+        super().__init__(storage, checkpointing, self.ledger, PersistCadence(checkpointing, 0.0),
+                         event=lambda kind, **details: self.events.append({"kind": kind, **details}),
+                         fail=self._failed, live_workers=lambda: set(workers), track=self._run)
+
+    def _run(self, coroutine: Any) -> None:
+        self.tasks.add(asyncio.ensure_future(coroutine))
+
+    def _failed(self, message: str) -> None:
+        raise AssertionError(f"the run failed: {message}")
 
 
-async def _store(supervisor: Supervisor, worker_id: int, generation: int, index: int, files: dict[str, bytes]) -> None:
+async def _store(commits: _Commits, worker_id: int, generation: int, index: int, files: dict[str, bytes]) -> None:
     """What a worker's persister does with its part: write it, tell the supervisor, wait for any commit."""
-    facts = supervisor._storage.write_part(index, files, generation=generation)
-    await supervisor.part_persisted(worker_id, generation, index, facts)
-    while supervisor._tasks:
-        await asyncio.wait(set(supervisor._tasks))
+    facts = commits._storage.write_part(index, files, generation=generation)
+    commits.part_persisted(worker_id, generation, index, facts)
+    while commits.tasks:
+        done, _ = await asyncio.wait(set(commits.tasks))
+        commits.tasks -= done
 
 
 @pytest.mark.timeout(30)
 def test_a_stale_part_after_a_rewind_is_never_committed_as_part_of_the_new_generations_checkpoint(tmp_path):
     storage = RunStorage(str(tmp_path / "storage"), "run", retry=FAST_RETRY)
-    supervisor = _supervisor(storage, et.CheckpointConfig(), [10, 11])
+    commits = _Commits(storage, et.CheckpointConfig(), [10, 11])
     sharded = {10: ["shard_0"], 11: ["shard_1"]}
 
     async def scenario() -> None:
-        _report(supervisor._ledger, 0, 2, sharded)
-        await _store(supervisor, 10, 0, 2, {"shard_0": b"gen 0, rank 0"})
-        supervisor._ledger.rewind(1)  # generation 1 resumes at 1 and reports 2 again
-        _report(supervisor._ledger, 1, 2, sharded)
-        await _store(supervisor, 11, 0, 2, {"shard_1": b"gen 0, rank 1: stale"})  # a fenced worker, late
-        await _store(supervisor, 10, 1, 2, {"shard_0": b"gen 1, rank 0"})
+        _report(commits.ledger, 0, 2, sharded)
+        await _store(commits, 10, 0, 2, {"shard_0": b"gen 0, rank 0"})
+        commits.ledger.rewind(1)  # generation 1 resumes at 1 and reports 2 again
+        _report(commits.ledger, 1, 2, sharded)
+        await _store(commits, 11, 0, 2, {"shard_1": b"gen 0, rank 1: stale"})  # a fenced worker, late
+        await _store(commits, 10, 1, 2, {"shard_0": b"gen 1, rank 0"})
         assert storage.committed() == []  # rank 1 of generation 1 has not stored its part yet
-        await _store(supervisor, 11, 1, 2, {"shard_1": b"gen 1, rank 1"})
+        await _store(commits, 11, 1, 2, {"shard_1": b"gen 1, rank 1"})
 
     asyncio.run(scenario())
     [committed] = storage.committed()
-    assert committed.attempt == Attempt(2, 1) and supervisor._committed == [committed]
+    assert committed.attempt == Attempt(2, 1) and commits.committed == [committed]
     assert storage.read_verified(committed) == {"shard_0": b"gen 1, rank 0", "shard_1": b"gen 1, rank 1"}
 
 
@@ -291,7 +290,7 @@ def test_retention_by_score_keeps_a_folder_that_a_slow_rank_still_uploads_into(t
     its folder is removed only once rank 1 is done with it."""
     storage = RunStorage(str(tmp_path / "storage"), "run", retry=FAST_RETRY)
     scored = et.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="loss", checkpoint_score_order="min")
-    supervisor = _supervisor(storage, scored, [10, 11])
+    commits = _Commits(storage, scored, [10, 11])
     both = {10: ["model.pt"], 11: ["model.pt"]}
 
     def model(index: int) -> dict[str, bytes]:
@@ -299,20 +298,20 @@ def test_retention_by_score_keeps_a_folder_that_a_slow_rank_still_uploads_into(t
 
     async def scenario() -> None:
         for index, loss in ((1, 0.5), (2, 0.9), (3, 0.8), (4, 0.7)):
-            _report(supervisor._ledger, 0, index, both, loss=loss)
-        await _store(supervisor, 10, 0, 1, model(1))
-        await _store(supervisor, 11, 0, 1, model(1))
-        await _store(supervisor, 10, 0, 2, model(2))
-        await _store(supervisor, 10, 0, 3, model(3))
+            _report(commits.ledger, 0, index, both, loss=loss)
+        await _store(commits, 10, 0, 1, model(1))
+        await _store(commits, 11, 0, 1, model(1))
+        await _store(commits, 10, 0, 2, model(2))
+        await _store(commits, 10, 0, 3, model(3))
         # Committed: 1 (best), 2, 3 (newest). 2 is a victim, but rank 1 still uploads into its folder.
         assert [c.index for c in storage.committed()] == [1, 2, 3]
-        await _store(supervisor, 11, 0, 2, model(2))
-        await _store(supervisor, 11, 0, 3, model(3))
-        await _store(supervisor, 10, 0, 4, model(4))
-        await _store(supervisor, 11, 0, 4, model(4))
+        await _store(commits, 11, 0, 2, model(2))
+        await _store(commits, 11, 0, 3, model(3))
+        await _store(commits, 10, 0, 4, model(4))
+        await _store(commits, 11, 0, 4, model(4))
 
     asyncio.run(scenario())
-    assert [c.index for c in supervisor._committed] == [1, 4]
+    assert [c.index for c in commits.committed] == [1, 4]
     assert storage.attempts() == [Attempt(1, 0), Attempt(4, 0)]  # nothing torn left behind
     assert all(storage.verify(c) == [] for c in storage.committed())
 
@@ -324,11 +323,10 @@ def test_a_new_fit_goes_on_from_the_newest_generation_in_storage_and_sweeps_torn
     storage = RunStorage(str(tmp_path / "storage"), "run", retry=FAST_RETRY)
     storage.commit(5, _manifest(5, 2, storage.write_part(5, {"a": b"5"}, generation=2)))
     storage.write_part(6, {"a": b"6"}, generation=3)  # torn: the earlier fit died while writing it
-    supervisor = _supervisor(storage, et.CheckpointConfig(), [])
-    supervisor._recover_storage(sweep=True)
-    assert supervisor._generation == 3  # the next generation opened is 4
+    commits = _Commits(storage, et.CheckpointConfig(), [])
+    assert commits.recover(sweep=True) == 3  # the next generation opened is 4
     assert storage.attempts() == [Attempt(5, 2)]
-    assert [c.attempt for c in supervisor._committed] == [Attempt(5, 2)]
+    assert [c.attempt for c in commits.committed] == [Attempt(5, 2)]
 
 
 # -- shutdown, on real Ray ------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ def test_a_new_fit_goes_on_from_the_newest_generation_in_storage_and_sweeps_torn
 def test_a_last_commit_that_outlasts_the_drain_is_waited_for_and_kept(local_ray, run_dirs, s3_bucket):
     """Every manifest takes longer to store than drain_timeout_s: the run must neither sweep the last
     checkpoint's folder while its commit is under way nor end before it is committed."""
-    elastic = et.ElasticConfig(rendezvous_timeout_s=5.0, drain_timeout_s=6.0)
+    elastic = et.ElasticConfig(rendezvous_timeout_s=5.0, drain_timeout_s=6.0, process_group_destroy_timeout_s=2.0)
     with FaultyStorageProxy(s3_bucket["endpoint"], seed=3) as proxy:
         proxy.set_faults(StorageFaults(latency_s=2 * elastic.drain_timeout_s, methods=frozenset({"PUT"}),
                                        path_contains=MANIFEST))

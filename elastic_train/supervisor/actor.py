@@ -9,7 +9,6 @@ aborting survivors' groups, committing checkpoints) are started from there.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -29,12 +28,11 @@ from elastic_train.protocol import (
     ResumePlan,
     Stop,
 )
-from elastic_train.checkpoint.manifest import Manifest
-from elastic_train.checkpoint.retry import TransientStorageError
-from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.supervisor.adoption import WORKER_NAMESPACE, describe_workers, worker_name, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
+from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
@@ -96,8 +94,9 @@ class Supervisor:
         self._counted: set[int] = set()  # generations whose user error was counted
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
-        self._committed: list[CommittedCheckpoint] = []
         self._cadence = PersistCadence(checkpointing, time.monotonic())
+        self._commits = Commits(self._storage, checkpointing, self._ledger, self._cadence, event=self._event,
+                                fail=self._storage_failed, live_workers=self._live_ids, track=self._track)
         self._final_flush: ResumePlan | None = None  # what a failed run's survivors store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
@@ -113,7 +112,8 @@ class Supervisor:
         adopting = self._state is RunState.ADOPTING
         try:
             # A restarted supervisor leaves uncommitted folders alone: adopted workers may still commit them.
-            await asyncio.get_running_loop().run_in_executor(None, self._recover_storage, not adopting)
+            stored = await asyncio.get_running_loop().run_in_executor(None, self._commits.recover, not adopting)
+            self._generation = max(self._generation, stored)
         except StorageError as exc:
             self._fail(str(exc))
         self._expected_initial = min(self._scaling.max_workers, self._placeable_now())
@@ -131,37 +131,8 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
-        return RunSummary(self._state, self._error, self._metrics, self._history, self._committed, self._events)
-
-    def _recover_storage(self, sweep: bool) -> None:
-        """Find where an earlier run with this name left off: the newest committed checkpoint whose
-        files verify. Newer ones that do not, and (if `sweep`) torn folders (no manifest), are removed:
-        the run goes on from the whole one and will write those indices again. Generations go on
-        from the newest one found in storage: a worker of an earlier fit of this run that is still
-        writing then never writes into a folder (index and generation) that this fit commits."""
-        stored_generation = max((a.generation for a in self._storage.attempts()), default=-1)
-        committed = self._storage.committed()
-        whole, corrupt = self._storage.newest_whole(committed)
-        bad = {c.attempt for c, _ in corrupt}
-        self._committed = [c for c in committed if c.attempt not in bad]
-        for c, problems in corrupt:
-            self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
-            self._storage.delete(c.attempt)
-        if sweep:
-            self._sweep_torn()
-        self._generation = max(self._generation, stored_generation)
-        if whole is not None:
-            self._event("restored_from_storage", index=whole.index, path=whole.path)
-
-    def _sweep_torn(self) -> None:
-        """Remove checkpoint folders that hold no commit of this run. A folder whose commit is under
-        way is left alone (the storage refuses it), and the commits are read only once a folder is
-        claimed for removal, so one that has just been committed is kept."""
-        def committed(attempt: Attempt) -> bool:
-            return attempt in {c.attempt for c in list(self._committed)}
-
-        for attempt in self._storage.sweep(committed):
-            logger.info("removed %s: it was never committed, or is corrupt", self._storage.url(attempt.dirname))
+        return RunSummary(self._state, self._error, self._metrics, self._history, self._commits.committed,
+                          self._events)
 
     async def _adopt_workers(self) -> None:
         """After a restart: adopt the workers that describe themselves. The members of their newest
@@ -350,7 +321,7 @@ class Supervisor:
     def _resume_plan(self, live: set[int]) -> ResumePlan | None:
         """The newest checkpoint there is: served from survivors' memory, else loaded from storage."""
         in_memory = self._ledger.resume_plan(live, self._holds())
-        stored = self._committed[-1] if self._committed else None
+        stored = self._commits.newest
         if stored is None or (in_memory is not None and in_memory.index >= stored.index):
             return in_memory
         return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
@@ -516,7 +487,7 @@ class Supervisor:
         if self._state is RunState.ERRORED:
             live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
             newest = self._ledger.resume_plan(live, self._holds())
-            stored = self._committed[-1].index if self._committed else 0
+            stored = self._commits.newest.index if self._commits.newest else 0
             self._final_flush = newest if newest is not None and newest.index > stored else None
         for w in self._workers.values():
             self._release(w, self._stop(reason))
@@ -532,25 +503,7 @@ class Supervisor:
         for w in self._workers.values():
             if w.actor is not None:
                 ray.kill(w.actor)  # detached actors: whatever has not ended by now is ended here
-        loop = asyncio.get_running_loop()
-        # A commit still under way (the last checkpoint's, retrying a slow store) may outlast the drain:
-        # wait for it, up to the storage retry deadline, so that the run does not end before its manifest
-        # is written. The sweep below leaves the folder of any commit still under way alone.
-        retry_deadline = self._elastic.storage_retry_deadline_s
-        if not await loop.run_in_executor(None, self._storage.wait_for_commits, retry_deadline):
-            logger.warning("a checkpoint commit is still under way after storage_retry_deadline_s=%ss; its folder "
-                           "is left for the next run with this name to verify", retry_deadline)
-        try:
-            # Victims kept while a worker still wrote into them: the workers are gone now.
-            for victim in self._retention_victims():
-                if victim in self._committed:
-                    self._committed.remove(victim)
-                    await loop.run_in_executor(None, self._storage.delete, victim.attempt)
-            await loop.run_in_executor(None, self._sweep_torn)
-            await loop.run_in_executor(None, self._storage.write_text, "events.json",
-                                       json.dumps(self._events, default=str))
-        except StorageError as exc:
-            logger.warning("could not tidy the run's folder: %s", exc)
+        await self._commits.close(self._elastic.storage_retry_deadline_s, self._events)
 
     def _track(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -683,31 +636,9 @@ class Supervisor:
         self._barriers.clear()
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
-        """A worker stored its part of checkpoint `index` of `generation`; the last part commits the
-        checkpoint. A part of another generation than the one the ledger holds for `index` is
-        ignored: it was stored into its own generation's folder, which is never committed."""
+        """A worker stored its part of checkpoint `index` of `generation` (see commits.py)."""
         await self._adopted.wait()
-        entry = self._ledger.mark_persisted(index, worker_id, facts, generation)
-        if entry is None or not entry.ready_to_commit:
-            return
-        try:
-            # From here until `_commit` ends, no sweep or deletion of this process removes the folder.
-            self._storage.begin_commit(Attempt(index, generation))
-        except CommitRefused as exc:
-            entry.given_up = True
-            self._cadence.settled(index)
-            self._event("commit_refused", index=index, generation=generation, reason=str(exc))
-            return
-        entry.committed = True
-        manifest = Manifest(
-            step=index,
-            generation=entry.generation,
-            world_size=entry.world_size,
-            files=entry.file_facts(),
-            metrics=entry.metrics or {},
-            loader_states=entry.loader_states,
-        )
-        self._track(self._commit(index, manifest))
+        self._commits.part_persisted(worker_id, generation, index, facts)
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
                            parked: bool = False) -> None:
@@ -756,79 +687,16 @@ class Supervisor:
         """A worker met a permanent storage error: the run cannot persist anything, so it fails."""
         await self._adopted.wait()
         self._event("storage_failed", worker_id=worker_id, message=message)
+        self._storage_failed(message)
+
+    def _storage_failed(self, message: str) -> None:
+        """A permanent storage error: the run cannot persist anything, so it fails."""
         if not self._state.terminal:
             self._fail(message)
             self._wake.set()
 
-    async def _commit(self, index: int, manifest: Manifest) -> None:
-        """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
-        obsolete: older torn attempts, and checkpoints beyond retention."""
-        loop = asyncio.get_running_loop()
-        attempt = Attempt(index, manifest.generation)
-        try:
-            try:
-                committed = await loop.run_in_executor(None, self._storage.commit, index, manifest)
-                # A new list, not a sort in place: a sweep on another thread reads it (a list being
-                # sorted looks empty meanwhile).
-                self._committed = sorted([*self._committed, committed], key=lambda c: c.attempt)
-            finally:
-                self._storage.end_commit(attempt)
-        except CommitRefused as exc:
-            logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._cadence.settled(index)
-            self._event("commit_refused", index=index, generation=manifest.generation, reason=str(exc))
-            return
-        except TransientStorageError as exc:
-            logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._cadence.settled(index)
-            self._event("commit_given_up", index=index, reason=str(exc))
-            return
-        except StorageError as exc:
-            if not self._state.terminal:
-                self._fail(str(exc))
-                self._wake.set()
-            return
-        self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
-                    bytes=manifest.total_bytes)
-        self._cadence.settled(index)
-        # A folder that a live worker may still upload a part into is not removed yet: removed under
-        # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
-        live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
-        writing = {Attempt(i, e.generation) for i, e in list(self._ledger.entries.items())
-                   if e.persist and any(wid in live and wid not in e.persisted for wid, _ in e.parts.values())}
-        try:
-            for torn in self._ledger.abandoned_before(index, live):
-                await loop.run_in_executor(None, self._storage.delete, Attempt(*torn))
-            for victim in self._retention_victims(writing):
-                if victim in self._committed:  # another commit's clean-up may have taken it meanwhile
-                    self._committed.remove(victim)
-                    await loop.run_in_executor(None, self._storage.delete, victim.attempt)
-        except TransientStorageError as exc:
-            logger.warning("could not remove an obsolete checkpoint folder: %s; left for the sweep", exc)
-        except StorageError as exc:
-            if not self._state.terminal:
-                self._fail(str(exc))
-                self._wake.set()
-
-    def _retention_victims(self, writing: set[Attempt] | frozenset[Attempt] = frozenset()) -> list[CommittedCheckpoint]:
-        """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point), nor
-        one in `writing` (a rank still uploads its copy of a file that another rank's copy committed):
-        that one is a victim of a later call."""
-        cfg = self._checkpointing
-        if cfg.num_to_keep is None or len(self._committed) <= cfg.num_to_keep:
-            return []
-        latest = self._committed[-1]
-        if cfg.checkpoint_score_attribute:
-            attr, sign = cfg.checkpoint_score_attribute, (1 if cfg.checkpoint_score_order == "max" else -1)
-            ranked = sorted(
-                self._committed,
-                key=lambda c: (attr in c.metrics, sign * c.metrics.get(attr, 0), c.attempt),
-                reverse=True,
-            )
-        else:
-            ranked = sorted(self._committed, key=lambda c: c.attempt, reverse=True)
-        keep = ranked[: cfg.num_to_keep]
-        return [c for c in self._committed if c not in keep and c is not latest and c.attempt not in writing]
+    def _live_ids(self) -> set[int]:
+        return {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
 
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:

@@ -1,0 +1,186 @@
+"""Checkpoint commits: the parts workers stored become a committed checkpoint (its manifest written
+last), and the run's folder is kept tidy: checkpoints beyond retention, abandoned attempts and torn
+folders are removed, never one that a commit or a live worker's upload is still writing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from elastic_train.checkpoint.manifest import Manifest
+from elastic_train.checkpoint.retry import TransientStorageError
+from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
+from elastic_train.config import CheckpointConfig
+from elastic_train.errors import StorageError
+from elastic_train.supervisor.cadence import PersistCadence
+from elastic_train.supervisor.ledger import CheckpointLedger
+
+logger = logging.getLogger(__name__)
+
+
+def retention_victims(committed: list[CommittedCheckpoint], cfg: CheckpointConfig,
+                      writing: set[Attempt] | frozenset[Attempt] = frozenset()) -> list[CommittedCheckpoint]:
+    """Committed checkpoints beyond `num_to_keep` best; never the newest (the restore point), nor
+    one in `writing` (a rank still uploads its copy of a file that another rank's copy committed):
+    that one is a victim of a later call."""
+    if cfg.num_to_keep is None or len(committed) <= cfg.num_to_keep:
+        return []
+    latest = committed[-1]
+    if cfg.checkpoint_score_attribute:
+        attr, sign = cfg.checkpoint_score_attribute, (1 if cfg.checkpoint_score_order == "max" else -1)
+        ranked = sorted(committed, key=lambda c: (attr in c.metrics, sign * c.metrics.get(attr, 0), c.attempt),
+                        reverse=True)
+    else:
+        ranked = sorted(committed, key=lambda c: c.attempt, reverse=True)
+    keep = ranked[: cfg.num_to_keep]
+    return [c for c in committed if c not in keep and c is not latest and c.attempt not in writing]
+
+
+class Commits:
+    def __init__(
+        self,
+        storage: RunStorage,
+        checkpointing: CheckpointConfig,
+        ledger: CheckpointLedger,
+        cadence: PersistCadence,
+        *,
+        event: Callable[..., None],
+        fail: Callable[[str], None],
+        live_workers: Callable[[], set[int]],
+        track: Callable[[Coroutine[Any, Any, None]], None],
+    ):
+        """`event(kind, **details)` records an event, `fail(message)` fails the run (a permanent
+        storage error), `live_workers()` are those that may still upload, `track` runs a task."""
+        self._storage = storage
+        self._checkpointing = checkpointing
+        self._ledger = ledger
+        self._cadence = cadence
+        self._event = event
+        self._fail = fail
+        self._live_workers = live_workers
+        self._track = track
+        self.committed: list[CommittedCheckpoint] = []
+
+    @property
+    def newest(self) -> CommittedCheckpoint | None:
+        return self.committed[-1] if self.committed else None
+
+    def recover(self, sweep: bool) -> int:
+        """Find where an earlier run with this name left off: the newest committed checkpoint whose
+        files verify. Newer ones that do not, and (if `sweep`) torn folders (no manifest), are removed:
+        the run goes on from the whole one and will write those indices again. Returns the newest
+        generation found in storage: generations go on from it, so a worker of an earlier fit that is
+        still writing never writes into a folder (index and generation) that this fit commits."""
+        stored_generation = max((a.generation for a in self._storage.attempts()), default=-1)
+        committed = self._storage.committed()
+        whole, corrupt = self._storage.newest_whole(committed)
+        bad = {c.attempt for c, _ in corrupt}
+        self.committed = [c for c in committed if c.attempt not in bad]
+        for c, problems in corrupt:
+            self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
+            self._storage.delete(c.attempt)
+        if sweep:
+            self.sweep_torn()
+        if whole is not None:
+            self._event("restored_from_storage", index=whole.index, path=whole.path)
+        return stored_generation
+
+    def sweep_torn(self) -> None:
+        """Remove checkpoint folders that hold no commit of this run. A folder whose commit is under
+        way is left alone (the storage refuses it), and the commits are read only once a folder is
+        claimed for removal, so one that has just been committed is kept."""
+        def is_committed(attempt: Attempt) -> bool:
+            return attempt in {c.attempt for c in list(self.committed)}
+
+        for attempt in self._storage.sweep(is_committed):
+            logger.info("removed %s: it was never committed, or is corrupt", self._storage.url(attempt.dirname))
+
+    def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
+        """A worker stored its part of checkpoint `index` of `generation`; the last part commits the
+        checkpoint. A part of another generation than the one the ledger holds for `index` is
+        ignored: it was stored into its own generation's folder, which is never committed."""
+        entry = self._ledger.mark_persisted(index, worker_id, facts, generation)
+        if entry is None or not entry.ready_to_commit:
+            return
+        try:
+            # From here until `_commit` ends, no sweep or deletion of this process removes the folder.
+            self._storage.begin_commit(Attempt(index, generation))
+        except CommitRefused as exc:
+            entry.given_up = True
+            self._cadence.settled(index)
+            self._event("commit_refused", index=index, generation=generation, reason=str(exc))
+            return
+        entry.committed = True
+        manifest = Manifest(step=index, generation=entry.generation, world_size=entry.world_size,
+                            files=entry.file_facts(), metrics=entry.metrics or {},
+                            loader_states=entry.loader_states)
+        self._track(self._commit(index, manifest))
+
+    async def _commit(self, index: int, manifest: Manifest) -> None:
+        """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
+        obsolete: older torn attempts, and checkpoints beyond retention."""
+        loop = asyncio.get_running_loop()
+        attempt = Attempt(index, manifest.generation)
+        try:
+            try:
+                stored = await loop.run_in_executor(None, self._storage.commit, index, manifest)
+                # A new list, not a sort in place: a sweep on another thread reads it (a list being
+                # sorted looks empty meanwhile).
+                self.committed = sorted([*self.committed, stored], key=lambda c: c.attempt)
+            finally:
+                self._storage.end_commit(attempt)
+        except CommitRefused as exc:
+            logger.warning("checkpoint %d: %s; training goes on", index, exc)
+            self._cadence.settled(index)
+            self._event("commit_refused", index=index, generation=manifest.generation, reason=str(exc))
+            return
+        except TransientStorageError as exc:
+            logger.warning("checkpoint %d: %s; training goes on", index, exc)
+            self._cadence.settled(index)
+            self._event("commit_given_up", index=index, reason=str(exc))
+            return
+        except StorageError as exc:
+            self._fail(str(exc))
+            return
+        self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
+                    bytes=manifest.total_bytes)
+        self._cadence.settled(index)
+        # A folder that a live worker may still upload a part into is not removed yet: removed under
+        # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
+        live = self._live_workers()
+        writing = {Attempt(i, e.generation) for i, e in list(self._ledger.entries.items())
+                   if e.persist and any(wid in live and wid not in e.persisted for wid, _ in e.parts.values())}
+        try:
+            for torn in self._ledger.abandoned_before(index, live):
+                await loop.run_in_executor(None, self._storage.delete, Attempt(*torn))
+            await self._remove(retention_victims(self.committed, self._checkpointing, writing))
+        except TransientStorageError as exc:
+            logger.warning("could not remove an obsolete checkpoint folder: %s; left for the sweep", exc)
+        except StorageError as exc:
+            self._fail(str(exc))
+
+    async def _remove(self, victims: list[CommittedCheckpoint]) -> None:
+        loop = asyncio.get_running_loop()
+        for victim in victims:
+            if victim in self.committed:  # another commit's clean-up may have taken it meanwhile
+                self.committed = [c for c in self.committed if c is not victim]
+                await loop.run_in_executor(None, self._storage.delete, victim.attempt)
+
+    async def close(self, retry_deadline_s: float, events: list[dict[str, Any]]) -> None:
+        """The run is over and its workers are gone. A commit still under way (the last checkpoint's,
+        retrying a slow store) may outlast them: wait for it, up to the storage retry deadline, so the
+        run does not end before its manifest is written; then apply retention to what was spared
+        while workers wrote, sweep what no commit holds, and store the run's events."""
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, self._storage.wait_for_commits, retry_deadline_s):
+            logger.warning("a checkpoint commit is still under way after storage_retry_deadline_s=%ss; its folder "
+                           "is left for the next run with this name to verify", retry_deadline_s)
+        try:
+            await self._remove(retention_victims(self.committed, self._checkpointing))
+            await loop.run_in_executor(None, self.sweep_torn)
+            await loop.run_in_executor(None, self._storage.write_text, "events.json", json.dumps(events, default=str))
+        except StorageError as exc:
+            logger.warning("could not tidy the run's folder: %s", exc)
