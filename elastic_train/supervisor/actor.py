@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import (
@@ -30,15 +28,15 @@ from elastic_train.protocol import (
 )
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
-from elastic_train.supervisor.adoption import WORKER_NAMESPACE, describe_workers, worker_name, worker_prefix
+from elastic_train.supervisor.adoption import describe_workers, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
-from elastic_train.worker.actor import TrainWorker, WorkerSpec
-from elastic_train.worker.nccl_env import nccl_env
+from elastic_train.supervisor.workers import WorkerPool, release
+from elastic_train.worker.actor import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +67,6 @@ class Supervisor:
         self._checkpointing = checkpointing
         self._elastic: ElasticConfig = spec.elastic
         self._storage: RunStorage = spec.storage
-        self._workers: dict[int, WorkerRecord] = {}
-        self._next_worker_id = 0
         context = ray.get_runtime_context()
         self._worker_prefix = worker_prefix(context.get_actor_id())
         # Ray restarted this actor after it died: the workers hold the run's state; adopt them.
@@ -87,7 +83,6 @@ class Supervisor:
         self._expected_initial = 0
         self._resize_at: int | None = None
         self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
-        self._leaving_nodes: set[str] = set()  # machines under a preemption notice
         self._handover: asyncio.Future | None = None  # drained workers handing their checkpoint parts over
         self._max_index = 0
         self._failures = 0
@@ -95,20 +90,19 @@ class Supervisor:
         self._error: str | None = None
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._cadence = PersistCadence(checkpointing, time.monotonic())
+        self._wake = asyncio.Event()
+        self._pool = WorkerPool(spec, scaling, self._worker_prefix, event=self._event, changed=self._wake.set,
+                                track=self._track, over=lambda: self._state.terminal)
         self._commits = Commits(self._storage, checkpointing, self._ledger, self._cadence, event=self._event,
-                                fail=self._storage_failed, live_workers=self._live_ids, track=self._track)
+                                fail=self._storage_failed, live_workers=self._pool.live_ids, track=self._track)
         self._final_flush: ResumePlan | None = None  # what a failed run's survivors store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
-        self._wake = asyncio.Event()
-        self._self_handle = None
-        self._worker_class = ray.remote(TrainWorker)
-        self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
 
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
-        self._self_handle = ray.get_runtime_context().current_actor
+        self._pool.supervisor = ray.get_runtime_context().current_actor
         adopting = self._state is RunState.ADOPTING
         try:
             # A restarted supervisor leaves uncommitted folders alone: adopted workers may still commit them.
@@ -116,13 +110,13 @@ class Supervisor:
             self._generation = max(self._generation, stored)
         except StorageError as exc:
             self._fail(str(exc))
-        self._expected_initial = min(self._scaling.max_workers, self._placeable_now())
+        self._expected_initial = min(self._scaling.max_workers, self._pool.placeable_now())
         if adopting and not self._state.terminal:
             await self._adopt_workers()
         else:
             self._event("run_started", expected_workers=self._expected_initial)
         self._adopted.set()
-        self._top_up_workers()
+        self._pool.top_up()
         while not self._state.terminal:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._elastic.control_tick_s)
@@ -138,7 +132,7 @@ class Supervisor:
         """After a restart: adopt the workers that describe themselves. The members of their newest
         generation go on where they are (their in-flight calls are retried here); if a rank of it is
         missing, the generation is re-formed from what the members hold in memory."""
-        found, self._next_worker_id = await describe_workers(self._worker_prefix,
+        found, self._pool.next_id = await describe_workers(self._worker_prefix,
                                                              self._elastic.supervisor_adoption_timeout_s)
         infos = [info for _, info in found]
         generation = max((i.generation for i in infos), default=-1)
@@ -151,8 +145,7 @@ class Supervisor:
                 node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now,
                 generation=info.generation if member else -1, rank=info.rank if member else -1,
             )
-            self._workers[info.worker_id] = record
-            self._track(self._watch(record, handle.wait_stopped.remote()))
+            self._pool.watch(record, handle.wait_stopped.remote())
         self._event("supervisor_restarted", adopted=sorted(i.worker_id for i in infos), generation=generation,
                     members={i.worker_id: i.rank for i in members}, index=max((i.index for i in members), default=0))
         if not members:
@@ -169,7 +162,7 @@ class Supervisor:
             self._restart(f"supervisor restarted; rank(s) {sorted(missing)} of generation {generation} not found")
 
     def _step(self, now: float) -> None:
-        self._drop_silent_workers(now)
+        self._pool.drop_silent(now)
         if self._state in (RunState.RUNNING, RunState.RESIZING):
             self._drop_hung_workers(now)
         if self._state is RunState.SCHEDULING:
@@ -182,7 +175,7 @@ class Supervisor:
     def _step_scheduling(self, now: float) -> None:
         parked = self._ready()
         decision = policy.scheduling(
-            parked=len(parked), starting=len(self._with(WorkerStatus.STARTING)), first=self._generation < 0,
+            parked=len(parked), starting=len(self._pool.with_status(WorkerStatus.STARTING)), first=self._generation < 0,
             expected_initial=self._expected_initial, waited_s=now - self._entered, scaling=self._scaling,
             elastic=self._elastic)
         self._carry_out(decision, parked)
@@ -200,7 +193,7 @@ class Supervisor:
             drain_timeout_s=self._elastic.drain_timeout_s, scaling=self._scaling,
             error_counted=self._generation in self._counted)
         for worker_id in decision.dropped:
-            self._lose(self._workers[worker_id], decision.reason)
+            self._pool.lose(self._pool.records[worker_id], decision.reason)
         self._carry_out(decision, self._ready())
 
     def _carry_out(self, decision: policy.Decision, candidates: list[WorkerRecord]) -> None:
@@ -237,7 +230,7 @@ class Supervisor:
 
     def _ready(self) -> list[WorkerRecord]:
         """Workers parked and ready for the next generation (none under a preemption notice)."""
-        return [w for w in self._with(WorkerStatus.PARKED) if not w.draining]
+        return [w for w in self._pool.with_status(WorkerStatus.PARKED) if not w.draining]
 
     # == transitions and their side effects ========================================================
     def _transition(self, target: RunState, **details: Any) -> None:
@@ -255,7 +248,7 @@ class Supervisor:
         for m in self._members():
             if m.status is WorkerStatus.MEMBER:
                 m.actor.abort_generation.remote(self._generation)
-                self._track(self._probe(m))
+                self._track(self._pool.probe(m))
 
     def _count_failure(self, detail: str) -> None:
         self._failures += 1
@@ -305,8 +298,8 @@ class Supervisor:
                 buddy=by_rank[(p.rank + 1) % len(chosen)].actor if replicate else None,
                 max_world_size=self._scaling.max_workers,
             )
-            self._release(w, assignment)
-        for w in self._with(WorkerStatus.PARKED):
+            release(w, assignment)
+        for w in self._pool.with_status(WorkerStatus.PARKED):
             w.rank = -1  # standby beyond max: not a member of this generation
         self._event(
             "generation",
@@ -331,7 +324,7 @@ class Supervisor:
         they hand what only they hold of the resume checkpoint to a staying worker's memory, then they
         stop, freeing their slot for the replacement requested when the notice came. True once no
         such worker is waiting; a new generation opens only then."""
-        leaving = [w for w in self._with(WorkerStatus.PARKED) if w.draining]
+        leaving = [w for w in self._pool.with_status(WorkerStatus.PARKED) if w.draining]
         if not leaving:
             return True
         if self._handover is None and not any(m.status is WorkerStatus.MEMBER for m in self._members()):
@@ -350,14 +343,14 @@ class Supervisor:
             if whole is not None and (kept is None or kept.index < whole.index):
                 if staying:
                     target = min(staying, key=lambda w: w.rank)
-                    moves = [self._hand_over_part(self._workers[wid], target, whole, names)
+                    moves = [self._hand_over_part(self._pool.records[wid], target, whole, names)
                              for wid, names in whole.holders.items() if wid in leaving_ids]
                     await asyncio.gather(*moves)
                 else:
                     flush = whole  # nobody stays: the leaving workers store it before they go
         finally:
             for w in leaving:
-                self._release(w, Stop("drained before preemption", flush=flush))
+                release(w, Stop("drained before preemption", flush=flush))
                 w.status, w.lost_reason = WorkerStatus.LOST, "drained before preemption"
             self._handover = None
             self._wake.set()
@@ -375,107 +368,16 @@ class Supervisor:
         self._event("checkpoint_handed_over", source=source.worker_id, target=target.worker_id, index=plan.index,
                     names=names)
 
-    async def _probe(self, worker: WorkerRecord) -> None:
-        try:
-            await asyncio.wait_for(worker.actor.ping.remote(), self._elastic.probe_timeout_s)
-        except (asyncio.TimeoutError, ray.exceptions.RayActorError) as exc:
-            self._lose(worker, f"liveness probe failed: {type(exc).__name__}")
-
     def _drop_hung_workers(self, now: float) -> None:
         """The progress watchdog: heartbeats come from a thread and prove the process, not the loop."""
         running = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
         stall = policy.stalled([policy.Progress(m.worker_id, *m.last_report) for m in running], now,
                         self._elastic.progress_timeout_s)
         for worker_id in stall.hung:
-            self._lose(self._workers[worker_id], f"no report for over progress_timeout_s="
+            self._pool.lose(self._pool.records[worker_id], f"no report for over progress_timeout_s="
                                                  f"{self._elastic.progress_timeout_s}s while its peers were ahead")
         if stall.restart:
             self._restart(f"no member reported within progress_timeout_s={self._elastic.progress_timeout_s}s")
-
-    def _drop_silent_workers(self, now: float) -> None:
-        for w in self._workers.values():
-            if w.status in (WorkerStatus.MEMBER, WorkerStatus.PARKED) and now - w.last_heartbeat > self._elastic.heartbeat_timeout_s:
-                self._lose(w, f"no heartbeat for {now - w.last_heartbeat:.1f}s")
-
-    def _lose(self, worker: WorkerRecord, reason: str) -> None:
-        if worker.status is WorkerStatus.LOST or self._state.terminal:
-            return
-        logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
-        self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,
-                    generation=worker.generation, reason=reason)
-        worker.status, worker.lost_reason = WorkerStatus.LOST, reason
-        if worker.actor is not None:
-            # A frozen or hung process would keep its slot (its CPUs, its GPU) and no replacement could
-            # be placed; it ends here, and `_watch` requests the replacement once it has.
-            ray.kill(worker.actor, no_restart=True)
-        self._wake.set()
-
-    def _release(self, worker: WorkerRecord, place: Assignment | Stop) -> None:
-        if worker.waiting is not None and not worker.waiting.done():
-            worker.waiting.set_result(place)
-        worker.waiting = None
-
-    # == worker lifecycle ===========================================================================
-    def _placeable_now(self) -> int:
-        """How many workers the cluster's free resources could host right now."""
-        need = self._scaling.worker_resources()
-        free = ray.available_resources()
-        return min(int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0)
-
-    def _top_up_workers(self) -> None:
-        """Keep `max` worker actors alive or pending; pending ones start when capacity appears."""
-        if self._state.terminal:
-            return
-        # A worker under a preemption notice is on its way out: its replacement is requested at once.
-        alive = [w for w in self._workers.values() if w.status is not WorkerStatus.LOST and not w.draining]
-        resources = self._scaling.worker_resources()
-        for _ in range(self._scaling.max_workers - len(alive)):
-            worker_id = self._next_worker_id
-            self._next_worker_id += 1
-            actor = self._worker_class.options(
-                name=worker_name(self._worker_prefix, worker_id),
-                namespace=WORKER_NAMESPACE,
-                lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
-                num_cpus=resources.get("CPU", 0),
-                num_gpus=resources.get("GPU", 0),
-                resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
-                max_concurrency=6,
-                scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
-                label_selector=self._away_from_leaving_nodes(),
-                # NCCL: the c10d watchdog must not end a survivor's process (worker/nccl_env.py); set
-                # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
-                runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
-                if self._spec.backend == "nccl" else None,
-            ).remote(worker_id, self._self_handle, self._spec)
-            record = WorkerRecord(worker_id, actor)
-            self._workers[worker_id] = record
-            self._track(self._watch(record, actor.run.remote()))
-
-    def _away_from_leaving_nodes(self) -> dict[str, str] | None:
-        """Keep new workers off machines under a preemption notice, unless no other machine is left."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        leaving = self._leaving_nodes & alive
-        if not leaving or not alive - leaving:
-            return None
-        return {NODE_ID_LABEL_KEY: f"!in({','.join(sorted(leaving))})"}
-
-    async def _watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
-        """Wait for a worker's run to end (`run` or `wait_stopped`); a dead actor is a lost worker.
-        A worker whose run ended is killed: it is a detached actor, nothing else would end it."""
-        try:
-            await ended_ref
-        except ray.exceptions.RayActorError as exc:
-            self._lose(worker, f"actor died: {type(exc).__name__}")
-        except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
-            self._lose(worker, f"worker runtime failed: {exc!r}")
-        else:
-            ray.kill(worker.actor)
-            if not worker.draining:
-                return
-            worker.status = WorkerStatus.LOST  # drained: its replacement may start where capacity is
-        worker.status = WorkerStatus.LOST
-        worker.actor = None
-        self._top_up_workers()
 
     def _stop(self, reason: str) -> Stop:
         """The Stop for a worker when the run ends; a failed run's survivors store the newest
@@ -485,14 +387,10 @@ class Supervisor:
     async def _shut_down(self) -> None:
         reason = "run finished" if self._state is RunState.FINISHED else "run failed"
         if self._state is RunState.ERRORED:
-            live = {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
-            newest = self._ledger.resume_plan(live, self._holds())
+            newest = self._ledger.resume_plan(self._pool.live_ids(), self._holds())
             stored = self._commits.newest.index if self._commits.newest else 0
             self._final_flush = newest if newest is not None and newest.index > stored else None
-        for w in self._workers.values():
-            self._release(w, self._stop(reason))
-            if w.status in (WorkerStatus.PENDING, WorkerStatus.LOST) and w.actor is not None:
-                ray.kill(w.actor)
+        self._pool.end_all(self._stop(reason), now=False)
         self._event("run_ended", state=self._state.value)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.
         flushing = self._final_flush is not None
@@ -500,9 +398,7 @@ class Supervisor:
             self._elastic.persist_flush_timeout_s if flushing else 0.0)
         while self._tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
-        for w in self._workers.values():
-            if w.actor is not None:
-                ray.kill(w.actor)  # detached actors: whatever has not ended by now is ended here
+        self._pool.end_all(self._stop(reason), now=True)  # whatever has not ended by now is ended here
         await self._commits.close(self._elastic.storage_retry_deadline_s, self._events)
 
     def _track(self, coroutine: Any) -> None:
@@ -516,25 +412,22 @@ class Supervisor:
 
     def _holds(self) -> dict[int, set[tuple[int, int]]]:
         """What each parked worker holds in memory (it told at parking; replicas it took since are added)."""
-        return {w.worker_id: w.holds for w in self._with(WorkerStatus.PARKED)}
-
-    def _with(self, status: WorkerStatus) -> list[WorkerRecord]:
-        return [w for w in self._workers.values() if w.status is status]
+        return {w.worker_id: w.holds for w in self._pool.with_status(WorkerStatus.PARKED)}
 
     def _is_member(self, w: WorkerRecord) -> bool:
         return w.generation == self._generation and w.rank >= 0
 
     def _members(self) -> list[WorkerRecord]:
-        return [w for w in self._workers.values() if self._is_member(w)]
+        return [w for w in self._pool.records.values() if self._is_member(w)]
 
     def _standby(self) -> list[WorkerRecord]:
-        return [w for w in self._with(WorkerStatus.PARKED) if not self._is_member(w)]
+        return [w for w in self._pool.with_status(WorkerStatus.PARKED) if not self._is_member(w)]
 
     # == called by workers ==========================================================================
     async def _record(self, worker_id: int) -> WorkerRecord | None:
         """The record of a calling worker, once adoption is done; None for one that was not adopted."""
         await self._adopted.wait()
-        return self._workers.get(worker_id)
+        return self._pool.records.get(worker_id)
 
     async def worker_started(self, worker_id: int, node_id: str, ip: str, pid: int) -> None:
         w = await self._record(worker_id)
@@ -667,15 +560,15 @@ class Supervisor:
             return
         w.draining = True
         if source != "sigterm":  # a cloud's notice: the machine goes, its replacement is placed elsewhere
-            self._leaving_nodes.add(w.node_id)
+            self._pool.leaving_nodes.add(w.node_id)
         self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
                     seconds_left=seconds_left)
         if self._state is RunState.RUNNING and self._is_member(w):
             self._resize_at = self._max_index + 1
             self._transition(RunState.RESIZING, reason=f"worker {worker_id} preempted")
         elif not self._is_member(w):
-            self._release(w, Stop("drained before preemption"))  # a standby: nothing to hand over
-        self._top_up_workers()
+            release(w, Stop("drained before preemption"))  # a standby: nothing to hand over
+        self._pool.top_up()
         self._wake.set()
 
     async def worker_actor(self, worker_id: int) -> Any:
@@ -695,8 +588,7 @@ class Supervisor:
             self._fail(message)
             self._wake.set()
 
-    def _live_ids(self) -> set[int]:
-        return {w.worker_id for w in self._workers.values() if w.status is not WorkerStatus.LOST}
+
 
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:
