@@ -198,9 +198,9 @@ class ElasticConfig:
     persist_flush_timeout_s: float = 600.0
     """How long a finishing worker waits for its last checkpoint to reach storage."""
     preemption_sigterm: bool = True
-    """Treat SIGTERM to a worker process as a preemption notice (drain it) rather than a crash."""
+    """Treat SIGTERM to a worker process as a preemption notice (the worker leaves at the next report) rather than a crash."""
     preemption_sigterm_grace_s: float = 30.0
-    """How long a worker stays up after SIGTERM to drain, before it exits as SIGTERM asks."""
+    """How long a worker stays up after SIGTERM to hand its state over, before it exits as SIGTERM asks."""
     preemption_pollers: tuple[str, ...] = ()
     """Cloud metadata endpoints to poll for preemption notices: any of "aws", "gcp", "azure"."""
     preemption_metadata_url: str | None = None

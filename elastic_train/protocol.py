@@ -12,7 +12,7 @@ class Exit(str, enum.Enum):
 
     JOINED = "joined"  # a new worker, ready for its first generation
     FINISHED = "finished"  # the user's loop returned
-    UNWOUND = "unwound"  # left at a report boundary, or the generation was superseded
+    UNWOUND = "unwound"  # left at a report boundary, or its generation ended
     COLLECTIVE_ERROR = "collective_error"  # a torch.distributed operation failed
     USER_ERROR = "user_error"  # the user's code raised
 
@@ -73,7 +73,7 @@ class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized
     persist: bool = False  # store this checkpoint (the persistence cadence chose it)
-    supersedable: bool = True  # a newer checkpoint may replace it before its upload starts
+    replaceable: bool = True  # a newer checkpoint may replace it before its upload starts
 
 
 @dataclass

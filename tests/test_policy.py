@@ -98,11 +98,11 @@ def test_a_member_that_does_not_leave_an_ended_generation_is_dropped():
     (ELASTIC_1_2, 0, Do.OPEN),  # go on at 1
 ])
 def test_a_preemption_notice_re_forms_the_group_without_the_leaving_worker(notified, scaling, standby, expected):
-    running_ = [Member(r, r, draining=r == notified) for r in (0, 1)]
+    running_ = [Member(r, r, leaving=r == notified) for r in (0, 1)]
     assert _running(running_, resizing=True, scaling=scaling) == Decision(Do.WAIT)
-    half = [Member(r, r, Exit.UNWOUND if r == 0 else None, draining=r == notified) for r in (0, 1)]
+    half = [Member(r, r, Exit.UNWOUND if r == 0 else None, leaving=r == notified) for r in (0, 1)]
     assert _running(half, resizing=True, scaling=scaling) == Decision(Do.WAIT)
-    unwound = [Member(r, r, Exit.UNWOUND, draining=r == notified) for r in (0, 1)]
+    unwound = [Member(r, r, Exit.UNWOUND, leaving=r == notified) for r in (0, 1)]
     assert _running(unwound, resizing=True, standby=standby, scaling=scaling).do is expected
 
 

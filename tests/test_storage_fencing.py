@@ -27,7 +27,7 @@ from elastic_train.protocol import Assignment, ResumePlan
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.worker.persister import PartSuperseded, PartUpload, Persister, superseded
+from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 from tests.loops import sharded_directory_loop
 
 WAIT_S = 10.0  # how long a test waits for a thread it started to reach a point
@@ -186,26 +186,26 @@ def test_the_persister_drops_parts_that_a_newer_generation_reports_again_before_
         if (part.generation, part.index) == (0, 3):
             first_started.set()
             assert go_on.wait(WAIT_S)
-        if superseded(part, place[0]):
-            raise PartSuperseded("reported again by a newer generation")
+        if obsolete(part, place[0]):
+            raise PartObsolete("reported again by a newer generation")
         uploaded.append((part.generation, part.index))
 
     persister = Persister(upload, lambda p, e: given_up.append(p), lambda p, e: failed.append(p))
-    persister.submit(PartUpload(0, 3, {"a": b"3"}, supersedable=False))
+    persister.submit(PartUpload(0, 3, {"a": b"3"}, replaceable=False))
     assert first_started.wait(WAIT_S)
     for index in (4, 5):  # queued behind the upload of 3 (checkpoints kept by score: all of them)
-        persister.submit(PartUpload(0, index, {"a": b"x"}, supersedable=False))
+        persister.submit(PartUpload(0, index, {"a": b"x"}, replaceable=False))
     place[0] = _assignment(1, resumed_at=4)  # generation 1 resumes at 4 and reports 5 again
-    persister.submit(PartUpload(1, 5, {"a": b"5"}, supersedable=False))
-    persister.submit(PartUpload(0, 6, {"a": b"6"}, supersedable=False, final=True))  # a failed run's Stop.flush
+    persister.submit(PartUpload(1, 5, {"a": b"5"}, replaceable=False))
+    persister.submit(PartUpload(0, 6, {"a": b"6"}, replaceable=False, final=True))  # a failed run's Stop.flush
     go_on.set()
     assert persister.flush(WAIT_S)
     persister.close(WAIT_S)
     # 4 may still commit (the supervisor kept it: 4 <= the resume index); 5 of generation 0 never can.
     assert uploaded == [(0, 3), (0, 4), (1, 5), (0, 6)]
     assert given_up == [] and failed == []
-    assert not superseded(PartUpload(2, 9, {}), _assignment(2, resumed_at=0))  # the current generation's own
-    assert superseded(PartUpload(1, 1, {}), _assignment(2, resumed_at=None))  # the newer one started afresh
+    assert not obsolete(PartUpload(2, 9, {}), _assignment(2, resumed_at=0))  # the current generation's own
+    assert obsolete(PartUpload(1, 1, {}), _assignment(2, resumed_at=None))  # the newer one started afresh
 
 
 # -- the supervisor's ledger and commits --------------------------------------------------------------

@@ -83,7 +83,7 @@ class Supervisor:
         self._expected_initial = 0
         self._resize_at: int | None = None
         self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
-        self._handover: asyncio.Future | None = None  # drained workers handing their checkpoint parts over
+        self._handover: asyncio.Future | None = None  # leaving workers handing their checkpoint parts over
         self._max_index = 0
         self._failures = 0
         self._counted: set[int] = set()  # generations whose user error was counted
@@ -183,9 +183,9 @@ class Supervisor:
     def _step_running(self) -> None:
         decision = policy.running(
             self._member_views(), resizing=self._state is RunState.RESIZING,
-            standby=sum(not w.draining for w in self._standby()), scaling=self._scaling, failure=self._failure,
+            standby=sum(not w.leaving for w in self._standby()), scaling=self._scaling, failure=self._failure,
             error_counted=self._generation in self._counted)
-        self._carry_out(decision, [w for w in self._members() + self._standby() if not w.draining])
+        self._carry_out(decision, [w for w in self._members() + self._standby() if not w.leaving])
 
     def _step_restarting(self, now: float) -> None:
         decision = policy.restarting(
@@ -204,7 +204,7 @@ class Supervisor:
             if self._state.terminal:
                 return
         do = decision.do
-        if do in (policy.Do.OPEN, policy.Do.SCHEDULE) and not self._drained_released():
+        if do in (policy.Do.OPEN, policy.Do.SCHEDULE) and not self._leaving_released():
             return  # leaving workers hand their checkpoint parts over first
         if do is policy.Do.FINISH:
             self._transition(RunState.FINISHED)
@@ -223,14 +223,14 @@ class Supervisor:
 
     def _member_views(self) -> list[policy.Member]:
         return [policy.Member(m.worker_id, m.rank, exit=m.exited, lost=m.status is WorkerStatus.LOST,
-                              draining=m.draining,
+                              leaving=m.leaving,
                               detail=m.lost_reason if m.status is WorkerStatus.LOST else
                               (m.outcome.detail if m.outcome else ""))
                 for m in self._members()]
 
     def _ready(self) -> list[WorkerRecord]:
         """Workers parked and ready for the next generation (none under a preemption notice)."""
-        return [w for w in self._pool.with_status(WorkerStatus.PARKED) if not w.draining]
+        return [w for w in self._pool.with_status(WorkerStatus.PARKED) if not w.leaving]
 
     # == transitions and their side effects ========================================================
     def _transition(self, target: RunState, **details: Any) -> None:
@@ -247,7 +247,7 @@ class Supervisor:
         self._transition(RunState.RESTARTING, reason=reason)
         for m in self._members():
             if m.status is WorkerStatus.MEMBER:
-                m.actor.abort_generation.remote(self._generation)
+                m.actor.end_generation.remote(self._generation)
                 self._track(self._pool.probe(m))
 
     def _count_failure(self, detail: str) -> None:
@@ -319,12 +319,12 @@ class Supervisor:
             return in_memory
         return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
 
-    def _drained_released(self) -> bool:
+    def _leaving_released(self) -> bool:
         """Workers under a preemption notice leave once the generation they were in has ended: first
         they hand what only they hold of the resume checkpoint to a staying worker's memory, then they
         stop, freeing their slot for the replacement requested when the notice came. True once no
         such worker is waiting; a new generation opens only then."""
-        leaving = [w for w in self._pool.with_status(WorkerStatus.PARKED) if w.draining]
+        leaving = [w for w in self._pool.with_status(WorkerStatus.PARKED) if w.leaving]
         if not leaving:
             return True
         if self._handover is None and not any(m.status is WorkerStatus.MEMBER for m in self._members()):
@@ -350,8 +350,8 @@ class Supervisor:
                     flush = whole  # nobody stays: the leaving workers store it before they go
         finally:
             for w in leaving:
-                release(w, Stop("drained before preemption", flush=flush))
-                w.status, w.lost_reason = WorkerStatus.LOST, "drained before preemption"
+                release(w, Stop("left under a preemption notice", flush=flush))
+                w.status, w.lost_reason = WorkerStatus.LOST, "left under a preemption notice"
             self._handover = None
             self._wake.set()
 
@@ -510,7 +510,7 @@ class Supervisor:
         if self._rejects(w, generation, index):
             return ReportReply(accepted=False)
         return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist),
-                           supersedable=self._cadence.supersedable)
+                           replaceable=self._cadence.replaceable)
 
     def _rejects(self, w: WorkerRecord, generation: int, index: int) -> bool:
         """A report of a generation that is over, or of a fenced worker, is refused."""
@@ -556,9 +556,9 @@ class Supervisor:
         """A worker's machine is about to go: re-form the group without it at the next report,
         while it still serves its checkpoint from memory."""
         w = await self._record(worker_id)
-        if w is None or w.draining or w.status is WorkerStatus.LOST:
+        if w is None or w.leaving or w.status is WorkerStatus.LOST:
             return
-        w.draining = True
+        w.leaving = True
         if source != "sigterm":  # a cloud's notice: the machine goes, its replacement is placed elsewhere
             self._pool.leaving_nodes.add(w.node_id)
         self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
@@ -567,7 +567,7 @@ class Supervisor:
             self._resize_at = self._max_index + 1
             self._transition(RunState.RESIZING, reason=f"worker {worker_id} preempted")
         elif not self._is_member(w):
-            release(w, Stop("drained before preemption"))  # a standby: nothing to hand over
+            release(w, Stop("left under a preemption notice"))  # a standby: nothing to hand over
         self._pool.top_up()
         self._wake.set()
 

@@ -22,7 +22,7 @@ class PersistCadence:
         self._in_flight: int | None = None  # the chosen checkpoint not yet committed or given up
 
     @property
-    def supersedable(self) -> bool:
+    def replaceable(self) -> bool:
         """May a newer checkpoint replace a chosen one still waiting for its upload?"""
         return self._config.checkpoint_score_attribute is None
 
@@ -33,10 +33,10 @@ class PersistCadence:
         due = (cfg.persist_every_n_reports is not None and self._reports_since >= cfg.persist_every_n_reports) or (
             cfg.persist_interval_s is not None and now - self._last_chosen >= cfg.persist_interval_s
         )
-        if not due or (self.supersedable and self._in_flight is not None):
+        if not due or (self.replaceable and self._in_flight is not None):
             return False
         self._reports_since, self._last_chosen = 0, now
-        if self.supersedable:
+        if self.replaceable:
             self._in_flight = index
         return True
 

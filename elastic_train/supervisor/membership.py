@@ -36,7 +36,7 @@ class WorkerRecord:
     waiting: asyncio.Future | None = None  # resolved with the worker's next Assignment or Stop
     holds: set[tuple[int, int]] = field(default_factory=set)  # (generation, index) held, told at parking
     last_report: tuple[int, float] = (0, 0.0)  # (index, monotonic time) of its last report in its generation
-    draining: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
+    leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
 
     @property
     def exited(self) -> Exit | None:

@@ -71,7 +71,7 @@ class Member:
     rank: int
     exit: Exit | None = None  # how it left the generation; None while it runs (or once lost)
     lost: bool = False
-    draining: bool = False  # under a preemption notice: it leaves, it is no candidate
+    leaving: bool = False  # under a preemption notice: it leaves, it is no candidate
     detail: str = ""  # the traceback of a user error, or why it was lost
 
 
@@ -97,10 +97,10 @@ def running(members: list[Member], *, resizing: bool, standby: int, scaling: Sca
     if resizing:
         if not all(e is Exit.UNWOUND for e in exits) or len(exits) < len(members):
             return Decision(Do.WAIT)
-        staying = sum(not m.draining for m in members) + standby
+        staying = sum(not m.leaving for m in members) + standby
         if staying >= scaling.min_workers:
             return Decision(Do.OPEN, "resized")
-        return Decision(Do.SCHEDULE, "below min workers after a drain")
+        return Decision(Do.SCHEDULE, "below min workers once the leaving workers left")
     if standby and len(members) < scaling.max_workers:
         return Decision(Do.RESIZE, f"{standby} worker(s) ready to join")
     return Decision(Do.WAIT)

@@ -76,7 +76,7 @@ class WorkerPool:
         under a preemption notice is on its way out: its replacement is requested at once."""
         if self._over():
             return
-        alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.draining]
+        alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
         resources = self._scaling.worker_resources()
         for _ in range(self._scaling.max_workers - len(alive)):
             worker_id = self.next_id
@@ -123,7 +123,7 @@ class WorkerPool:
             self.lose(worker, f"worker runtime failed: {exc!r}")
         else:
             ray.kill(worker.actor)
-            if not worker.draining:
+            if not worker.leaving:
                 return
         worker.status = WorkerStatus.LOST
         worker.actor = None

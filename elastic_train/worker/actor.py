@@ -24,7 +24,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
-from elastic_train.worker.persister import PartSuperseded, PartUpload, Persister, superseded
+from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.process_group import GenerationProcessGroup
@@ -74,7 +74,7 @@ class TrainWorker:
         self._assignment: Assignment | None = None  # the last generation's place
         self._session: TrainSession | None = None  # the last generation's session
         self._stopped = threading.Event()
-        self._superseded = threading.Event()
+        self._ended = threading.Event()
         self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed)
         elastic = spec.elastic
         self._notices = NoticeWatcher(
@@ -94,9 +94,9 @@ class TrainWorker:
     def ping(self) -> int:
         return os.getpid()
 
-    def abort_generation(self, generation: int) -> None:
+    def end_generation(self, generation: int) -> None:
         """The supervisor ends `generation`: fail its collectives so the loop unwinds."""
-        self._on_superseded(generation)
+        self._on_generation_ended(generation)
 
     def _on_preemption_notice(self, source: str, seconds_left: float | None) -> None:
         self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
@@ -146,7 +146,7 @@ class TrainWorker:
     def run(self) -> str:
         heartbeat = HeartbeatSender(
             self._supervisor, self.worker_id, self._spec.elastic.heartbeat_interval_s,
-            lambda: self._generation, self._on_superseded, self._on_supervisor_gone,
+            lambda: self._generation, self._on_generation_ended, self._on_supervisor_gone,
         )
         heartbeat.start()
         outcome = Outcome(Exit.JOINED)
@@ -172,7 +172,7 @@ class TrainWorker:
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
         generation = assignment.generation
-        self._superseded.clear()
+        self._ended.clear()
         self._generation, self._assignment = generation, assignment
         try:
             self._group.join(assignment)
@@ -187,7 +187,7 @@ class TrainWorker:
             self._keep_snapshot,
             self.read_checkpoint,
             self._persister.submit,
-            self._superseded.is_set,
+            self._ended.is_set,
             self._spec.storage,
             self._spec.elastic.drain_timeout_s,
         )
@@ -207,7 +207,7 @@ class TrainWorker:
             outcome = Outcome(Exit.UNWOUND, generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor
             detail = traceback.format_exc()
-            if self._superseded.is_set() or self._group.aborted:
+            if self._ended.is_set() or self._group.aborted:
                 outcome = Outcome(Exit.UNWOUND, generation, detail)
             elif _is_collective_error(exc):
                 outcome = Outcome(Exit.COLLECTIVE_ERROR, generation, detail)
@@ -236,9 +236,9 @@ class TrainWorker:
         logger.error("worker %d: the supervisor is gone for good; exiting", self.worker_id)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
-    def _on_superseded(self, generation: int) -> None:
+    def _on_generation_ended(self, generation: int) -> None:
         if self._generation == generation:
-            self._superseded.set()
+            self._ended.set()
             self._group.abort(generation)
 
     def _flush_last_checkpoint(self, session: TrainSession) -> None:
@@ -258,16 +258,16 @@ class TrainWorker:
             files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
         except KeyError:
             return
-        self._persister.submit(PartUpload(plan.generation, plan.index, files, supersedable=False, final=True))
+        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, final=True))
         self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
 
     # -- the persister's callbacks (its thread) -------------------------------------------------
     def _upload(self, part: PartUpload) -> None:
         """Store a part into its generation's own folder; a part that a newer generation made
-        obsolete while it waited is dropped instead (see `persister.superseded`)."""
+        obsolete while it waited is dropped instead (see `persister.obsolete`)."""
         place = self._assignment
-        if superseded(part, place):
-            raise PartSuperseded(f"generation {place.generation} resumed at checkpoint "
+        if obsolete(part, place):
+            raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
         facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.

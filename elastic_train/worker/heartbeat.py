@@ -27,14 +27,14 @@ class HeartbeatSender:
         worker_id: int,
         interval_s: float,
         current_generation: Callable[[], int | None],
-        on_superseded: Callable[[int], None],
+        on_generation_ended: Callable[[int], None],
         on_supervisor_gone: Callable[[], None],
     ):
         self._supervisor = supervisor
         self._worker_id = worker_id
         self._interval_s = interval_s
         self._current_generation = current_generation
-        self._on_superseded = on_superseded
+        self._on_generation_ended = on_generation_ended
         self._on_supervisor_gone = on_supervisor_gone
         self._stop = threading.Event()
         self._process = psutil.Process(os.getpid())
@@ -68,4 +68,4 @@ class HeartbeatSender:
                 return
             generation, pending = pending[1], None
             if generation is not None and (reply.fenced or reply.active_generation != generation):
-                self._on_superseded(generation)
+                self._on_generation_ended(generation)

@@ -6,8 +6,8 @@ still waiting (its state is older, so storing it would only delay the newer one)
 therefore slows persistence, never training: the upload is retried (`checkpoint/retry.py`), and
 when its retry deadline passes the snapshot is given up, with a warning, for the next one.
 
-A part of a generation that has since been superseded is dropped before its upload when the newer
-generation reports its index again (`superseded`): the supervisor has forgotten that checkpoint, so
+A part of a generation that has since ended is dropped before its upload when the newer
+generation reports its index again (`obsolete`): the supervisor has forgotten that checkpoint, so
 storing it could only leave a torn folder. Storage keeps each generation's attempt in a folder of
 its own, so a part already on its way when its generation ends can never touch another's.
 """
@@ -35,15 +35,15 @@ class PartUpload:
     generation: int
     index: int
     files: dict[str, bytes]
-    supersedable: bool = True  # a newer part may replace it while it waits
+    replaceable: bool = True  # a newer part may replace it while it waits
     final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
 
 
-class PartSuperseded(Exception):
+class PartObsolete(Exception):
     """Raised by an upload for a part that is no longer wanted: the persister drops it."""
 
 
-def superseded(part: PartUpload, assignment: Assignment | None) -> bool:
+def obsolete(part: PartUpload, assignment: Assignment | None) -> bool:
     """Is `part` of an older generation than the worker's latest `assignment`, at an index that the
     newer generation reports again? The supervisor rewound its record past that index when the newer
     generation opened, so the part can never be committed. Parts at or below the newer generation's
@@ -55,7 +55,7 @@ def superseded(part: PartUpload, assignment: Assignment | None) -> bool:
 
 
 class Persister:
-    """A single background thread; parts wait in order, a supersedable one is replaced by the next."""
+    """A single background thread; parts wait in order, a replaceable one is replaced by the next."""
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class Persister:
         on_given_up: Callable[[PartUpload, StorageError], None],
         on_failed: Callable[[PartUpload, StorageError], None],
     ):
-        """`upload` stores a part (retrying transient errors itself; raising `PartSuperseded` for a
+        """`upload` stores a part (retrying transient errors itself; raising `PartObsolete` for a
         part no longer wanted); `on_given_up` hears of a part given up after its retry deadline,
         `on_failed` of a permanent storage error."""
         self._upload = upload
@@ -78,8 +78,8 @@ class Persister:
 
     def submit(self, part: PartUpload) -> None:
         with self._changed:
-            if self._pending and self._pending[-1].supersedable:
-                logger.info("checkpoint %d superseded by %d before its upload started", self._pending[-1].index,
+            if self._pending and self._pending[-1].replaceable:
+                logger.info("checkpoint %d replaced by %d before its upload started", self._pending[-1].index,
                             part.index)
                 self._pending.pop()
             self._pending.append(part)
@@ -110,7 +110,7 @@ class Persister:
                 part, self._busy = self._pending.popleft(), True
             try:
                 self._upload(part)
-            except PartSuperseded as exc:
+            except PartObsolete as exc:
                 logger.info("checkpoint %d of generation %d dropped before its upload: %s", part.index,
                             part.generation, exc)
             except TransientStorageError as exc:

@@ -138,7 +138,7 @@ class NoticeWatcher:
         self._stopped.set()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """The first SIGTERM is a notice: drain, and exit as SIGTERM asks `sigterm_grace_s` later (or
+        """The first SIGTERM is a notice: leave at the next report, and exit as SIGTERM asks `sigterm_grace_s` later (or
         at a second SIGTERM), through the handler that was there before."""
         if self._sigterm_seen:
             self._exit_as_before(signum, frame)
@@ -174,6 +174,6 @@ class NoticeWatcher:
         if self._noticed.is_set():
             return
         self._noticed.set()
-        logger.warning("preemption notice from %s (%s s left): draining this worker", source,
+        logger.warning("preemption notice from %s (%s s left): leaving this worker", source,
                        "?" if seconds_left is None else f"{seconds_left:.0f}")
         self._on_notice(source, seconds_left)

@@ -50,8 +50,8 @@ Not used, with reasons:
   that an in-process communicator cannot be recovered.
 * `distributed_c10d.shrink_group` (torch >= 2.13, NCCL >= 2.27). It needs the old communicator
   healthy or shrinks it with SHRINK_ABORT, and the set of excluded ranks on every survivor. Here a
-  failure is handled by aborting the group before the next membership is known (`abort_generation`
-  carries only the generation), and a planned shrink (a drain) unwinds at a report boundary where a
+  failure is handled by aborting the group before the next membership is known (`end_generation`
+  carries only the generation), and a planned shrink (a preemption notice) unwinds at a report boundary where a
   fresh init costs little: re-forming NCCL at world 2 took 0.08 s in the measurement. Using it would
   take the supervisor sending the excluded ranks with the abort; gloo cannot shrink (2.13), so the
   path could not be tested here either.

@@ -120,7 +120,7 @@ class TrainSession:
         keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         persist: Callable[[PartUpload], None],
-        is_superseded: Callable[[], bool],
+        generation_ended: Callable[[], bool],
         storage: RunStorage,
         reply_timeout_s: float,
     ):
@@ -130,7 +130,7 @@ class TrainSession:
         self._keep = keep
         self._read_held = read_held
         self._persist = persist
-        self._is_superseded = is_superseded
+        self._generation_ended = generation_ended
         self._storage = storage
         self._reply_timeout_s = reply_timeout_s
         self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
@@ -153,7 +153,7 @@ class TrainSession:
         so a new generation always finds that one in memory, even in a loop with no collective where
         the survivors of a lost peer would otherwise run on ahead of it.
         """
-        if self._is_superseded():
+        if self._generation_ended():
             raise GenerationEnded()
         unwind = False
         if self._in_flight is not None:
@@ -209,7 +209,7 @@ class TrainSession:
                            index, self.context.assignment.generation)
             raise GenerationEnded()
         if part is not None:
-            part.supersedable = reply.supersedable
+            part.replaceable = reply.replaceable
             self.unpersisted = None if reply.persist else part
             if reply.persist:
                 self._persist(part)
