@@ -95,7 +95,7 @@ class Supervisor:
                                 track=self._track, over=lambda: self._state.terminal)
         self._commits = Commits(self._storage, checkpointing, self._ledger, self._cadence, event=self._event,
                                 fail=self._storage_failed, live_workers=self._pool.live_ids, track=self._track)
-        self._final_flush: ResumePlan | None = None  # what a failed run's survivors store before they stop
+        self._final_flush: ResumePlan | None = None  # what the workers store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -380,16 +380,25 @@ class Supervisor:
             self._restart(f"no member reported within progress_timeout_s={self._elastic.progress_timeout_s}s")
 
     def _stop(self, reason: str) -> Stop:
-        """The Stop for a worker when the run ends; a failed run's survivors store the newest
-        checkpoint they hold in memory if it is newer than the last committed one."""
+        """The Stop for a worker when the run ends, with the checkpoint to store before it goes."""
         return Stop(reason, flush=self._final_flush)
+
+    def _unstored_newest(self) -> ResumePlan | None:
+        """The newest checkpoint the workers hold in memory, if storage has nothing of it: a failed
+        run's last one, or a finished run's when its last generation reported nothing (the group
+        re-formed at the loop's last report; its new session had no step left to run and so nothing
+        of its own to flush)."""
+        newest = self._ledger.resume_plan(self._pool.live_ids(), self._holds())
+        stored = self._commits.newest.index if self._commits.newest else 0
+        if newest is None or newest.index <= stored:
+            return None
+        entry = self._ledger.entries.get(newest.index)
+        storing = entry is not None and (entry.committed or bool(entry.persisted))
+        return newest if self._state is RunState.ERRORED or not storing else None
 
     async def _shut_down(self) -> None:
         reason = "run finished" if self._state is RunState.FINISHED else "run failed"
-        if self._state is RunState.ERRORED:
-            newest = self._ledger.resume_plan(self._pool.live_ids(), self._holds())
-            stored = self._commits.newest.index if self._commits.newest else 0
-            self._final_flush = newest if newest is not None and newest.index > stored else None
+        self._final_flush = self._unstored_newest()
         self._pool.end_all(self._stop(reason), now=False)
         self._event("run_ended", state=self._state.value)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.

@@ -1,0 +1,418 @@
+"""Programs written the way Ray Train's user guides write them, with `ray.train` -> `elastic_train`,
+one per defect met by users. Each asserts what the user expects: the run finishes, its final
+metrics and state equal a fault-free run's (fixed seeds; the fault-free state is computed in this
+process), and the steps redone are bounded.
+
+The faults are injected by the loop itself, once per run (a marker file in the log dir, as
+tests/loops.py `fault_once` does), so every run meets the same fault at the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+import elastic_train as train
+from elastic_train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from elastic_train.torch import TorchTrainer, prepare_model
+from tests.conftest import ray_runtime_env
+from tests.helpers import fit_in_background
+from tests.loops import log_progress, read_progress
+from tests.patterns import step_lines, steps_redone, summary
+
+
+@pytest.fixture
+def ray_4_cpus():
+    """A fresh 4-CPU Ray instance on this machine (room for 4 workers)."""
+    ray.init(num_cpus=4, runtime_env=ray_runtime_env(), include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+# == what the programs share: a fault once, progress lines, the model and its data ================
+def once(config: dict, name: str = "fault") -> bool:
+    """True the first time any process of the run gets here (a marker file in the log dir)."""
+    try:
+        fd = os.open(Path(config["log_dir"]) / f"{name}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    ctx = train.get_context()
+    os.write(fd, json.dumps({"pid": os.getpid(), "time": time.time(), "rank": ctx.get_world_rank(),
+                             "generation": ctx.get_generation()}).encode())
+    os.close(fd)
+    return True
+
+
+def progress(config: dict, step: int, **extra) -> None:
+    ctx = train.get_context()
+    log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
+                 generation=ctx.get_generation(), step=step, **extra)
+
+
+def read_marker(log_dir: str, name: str = "fault") -> dict:
+    return json.loads((Path(log_dir) / f"{name}.json").read_text())
+
+
+TRUE_W = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+GLOBAL_BATCH = 8
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch: the same whatever the world size."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, 4, generator=g)
+    return x, x @ TRUE_W + 0.5
+
+
+def my_share(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's equal share of the global batch: DDP's average of the ranks' gradients is then the
+    full batch's gradient, so the run's math does not depend on the world size (up to rounding)."""
+    ctx = train.get_context()
+    per = GLOBAL_BATCH // ctx.get_world_size()
+    x, y = batch(step)
+    r = ctx.get_world_rank()
+    return x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+
+
+def flat(model: torch.nn.Module) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+def reference(steps: int) -> dict[int, tuple[list[float], float]]:
+    """The fault-free run, in this process: the parameters after each step, and the loss rank 0 of
+    2 reports at that step (on its half of the batch, before the update)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    out = {}
+    for step in range(1, steps + 1):
+        x, y = batch(step)
+        with torch.no_grad():
+            rank_0_loss = torch.nn.functional.mse_loss(model(x[:GLOBAL_BATCH // 2]), y[:GLOBAL_BATCH // 2]).item()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out[step] = (flat(model), rank_0_loss)
+    return out
+
+
+def assert_params_follow_reference(lines: list[dict], steps: int, timeline: str) -> None:
+    """Every computed step left the parameters the fault-free run has after that step."""
+    expected = reference(steps)
+    wrong = [f"rank {p['rank']} gen {p['generation']} step {p['step']}: {p['params']} != {expected[p['step']][0]}"
+             for p in lines if not torch.allclose(torch.tensor(p["params"]), torch.tensor(expected[p["step"]][0]),
+                                                  rtol=1e-5, atol=1e-6)]
+    assert not wrong, "\n".join(wrong[:8]) + f"\n{timeline}"
+
+
+def assert_finished(result: train.Result) -> str:
+    timeline = summary(result)
+    assert result.error is None, f"{str(result.error)[-3000:]}\n--- timeline:\n{timeline}"
+    return timeline
+
+
+# == 1. Same file name on every rank ==============================================================
+def same_file_name_loop(config):
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            with open(os.path.join(checkpoint_dir, "step.txt")) as f:
+                start = int(f.read())
+    rank = train.get_context().get_world_rank()
+    for step in range(start + 1, config["steps"] + 1):
+        if step == 4 and rank == 1 and once(config):
+            os._exit(1)
+        time.sleep(config["step_time"])
+        progress(config, step)
+        with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+            with open(os.path.join(temp_checkpoint_dir, "step.txt"), "w") as f:
+                f.write(str(step))
+            train.report({"step": step}, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
+
+
+@pytest.mark.timeout(240)
+def test_every_rank_writes_the_same_file_name_and_rank_1_exits(ray_4_cpus, run_dirs):
+    """4 workers, every rank reports `step.txt` each step (no collective); rank 1's process exits at step 4.
+
+    Steps are short (5 ms), as in a loop of small steps: the other ranks have reported several more
+    steps by the time the exit is noticed."""
+    steps = 100
+    trainer = TorchTrainer(
+        same_file_name_loop,
+        train_loop_config={"steps": steps, "step_time": 0.005, "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=4),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
+                             failure_config=FailureConfig(max_failures=3)),
+    )
+    result = fit_in_background(trainer)(200)
+    timeline = assert_finished(result)
+    assert result.metrics["step"] == steps
+    with result.checkpoint.as_directory() as d:
+        assert Path(d, "step.txt").read_text() == str(steps), f"not the last checkpoint\n{timeline}"
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1))
+    fault = read_marker(run_dirs["log_dir"])
+    # Rank 1 had reported step 3; the others go on until the exit is noticed (no collective to stop them).
+    ahead = {p["step"] for p in lines if p["generation"] == fault["generation"] and p["time"] > fault["time"]}
+    assert steps_redone(lines) <= 1 + len(ahead), timeline
+    assert set(result.world_sizes) == {4}, timeline
+
+
+# == 2. Preemption notice in a fixed-size run, rank 0 alone saving ================================
+def rank_0_saves_loop(config):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model = prepare_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = torch.load(os.path.join(checkpoint_dir, "checkpoint.pt"))
+            model.module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = state["step"]
+    for step in range(start + 1, config["steps"] + 1):
+        if step == config["notice_step"] and train.get_context().get_world_rank() == config["notice_rank"] \
+                and once(config):
+            os.kill(os.getpid(), signal.SIGTERM)  # what a node shutting down sends: a preemption notice
+        x, y = my_share(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        progress(config, step, params=flat(model))
+        metrics = {"loss": loss.item(), "step": step}
+        if train.get_context().get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(temp_checkpoint_dir, "checkpoint.pt"))
+                train.report(metrics, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
+        else:
+            train.report(metrics)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("notice_rank", [0, 1])
+def test_preemption_notice_in_a_fixed_size_run_loses_no_step(local_ray, run_dirs, notice_rank):
+    """2 workers, rank 0 alone checkpoints; SIGTERM (a preemption notice) to one rank at step 20."""
+    steps = 30
+    trainer = TorchTrainer(
+        rank_0_saves_loop,
+        train_loop_config={"steps": steps, "step_time": 0.05, "notice_step": 20, "notice_rank": notice_rank,
+                           "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
+                             failure_config=FailureConfig(max_failures=3)),
+    )
+    result = fit_in_background(trainer)(200)
+    timeline = assert_finished(result)
+    expected = reference(steps)
+    assert result.metrics["step"] == steps
+    assert result.metrics["loss"] == pytest.approx(expected[steps][1], rel=1e-4)
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1))
+    assert_params_follow_reference(lines, steps, timeline)
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "checkpoint.pt"))
+    assert state["step"] == steps, f"not the last checkpoint\n{timeline}"
+    assert torch.allclose(torch.cat([state["model"]["weight"].flatten(), state["model"]["bias"]]),
+                          torch.tensor(expected[steps][0]), rtol=1e-5, atol=1e-6)
+    assert steps_redone(lines) == 0, timeline
+    assert [e for e in result.events if e["kind"] == "preemption_notice"
+            and e["pid"] == read_marker(run_dirs["log_dir"])["pid"]], timeline
+    assert set(result.world_sizes) == {2}, timeline
+
+
+# == 3. One bug, hit by every rank, counted once ===================================================
+def buggy_first_pass_loop(config):
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start_epoch = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = torch.load(os.path.join(checkpoint_dir, "checkpoint.pt"))
+            model.module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch = state["epoch"] + 1
+        log_progress(config["log_dir"], restored_epoch=start_epoch - 1, rank=train.get_context().get_world_rank())
+    steps_per_epoch = config["steps_per_epoch"]
+    for epoch in range(start_epoch, config["epochs"]):
+        if epoch == 1 and checkpoint is None:
+            raise RuntimeError("a bug in the code that starts epoch 1 (only on a fresh start)")
+        for i in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + i + 1
+            x, y = my_share(step)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            progress(config, step, params=flat(model))
+        time.sleep(config["step_time"])
+        metrics = {"loss": loss.item(), "epoch": epoch}
+        if train.get_context().get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                           os.path.join(temp_checkpoint_dir, "checkpoint.pt"))
+                train.report(metrics, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
+        else:
+            train.report(metrics)
+
+
+@pytest.mark.timeout(180)
+def test_one_bug_raised_by_every_rank_counts_as_one_failure(local_ray, run_dirs):
+    """Both ranks raise at the start of epoch 1 (after epoch 0's checkpoint): Ray Train counts one
+    failure of the worker group, restarts it, and it finishes from epoch 0's checkpoint."""
+    epochs, per = 4, 3
+    trainer = TorchTrainer(
+        buggy_first_pass_loop,
+        train_loop_config={"epochs": epochs, "steps_per_epoch": per, "step_time": 0.1, "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
+                             failure_config=FailureConfig(max_failures=1)),
+    )
+    result = fit_in_background(trainer)(150)
+    timeline = assert_finished(result)
+    failures = [e for e in result.events if e["kind"] == "failure"]
+    assert len(failures) == 1, timeline
+    assert "a bug in the code that starts epoch 1" in failures[0]["detail"]
+    assert result.metrics["epoch"] == epochs - 1
+    progress_lines = read_progress(run_dirs["log_dir"])
+    assert {p["restored_epoch"] for p in progress_lines if "restored_epoch" in p} == {0}
+    lines = step_lines(progress_lines, result)
+    assert {p["step"] for p in lines} == set(range(1, epochs * per + 1))
+    assert_params_follow_reference(lines, epochs * per, timeline)
+    assert steps_redone(lines) == 0, timeline
+    assert result.metrics["loss"] == pytest.approx(reference(epochs * per)[epochs * per][1], rel=1e-4)
+
+
+# == 4. Shrinking to one worker with model.module in the checkpoint ===============================
+def ddp_module_loop(config):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = torch.load(os.path.join(checkpoint_dir, "checkpoint.pt"))
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = state["step"]
+    model = prepare_model(model)
+    for step in range(start + 1, config["steps"] + 1):
+        if step == config["fault_step"] and train.get_context().get_world_rank() == 1 and once(config):
+            os.kill(os.getpid(), getattr(signal, config.get("signal", "SIGKILL")))
+        x, y = my_share(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        # The last step may be long (a final evaluation, say).
+        time.sleep(config.get("last_step_time", config["step_time"]) if step == config["steps"] else config["step_time"])
+        progress(config, step, params=flat(model))
+        metrics = {"loss": loss.item(), "step": step}
+        if train.get_context().get_world_rank() == 0:
+            with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(temp_checkpoint_dir, "checkpoint.pt"))
+                train.report(metrics, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
+        else:
+            train.report(metrics)
+
+
+@pytest.mark.timeout(180)
+def test_shrinking_to_one_worker_keeps_model_module(local_ray, run_dirs):
+    """num_workers=(1, 2), `prepare_model` and `model.module.state_dict()` as the guides write them;
+    rank 1 is SIGKILLed mid-run, so the run goes on at world size 1 for a while."""
+    steps = 30
+    trainer = TorchTrainer(
+        ddp_module_loop,
+        train_loop_config={"steps": steps, "step_time": 0.1, "fault_step": 10, "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"]),
+    )
+    result = fit_in_background(trainer)(150)
+    timeline = assert_finished(result)
+    assert 1 in result.world_sizes, timeline
+    assert result.metrics["step"] == steps
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1))
+    assert_params_follow_reference(lines, steps, timeline)
+    assert steps_redone(lines) <= 1, timeline
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "checkpoint.pt"))["step"] == steps, f"not the last checkpoint\n{timeline}"
+
+
+# == 5. A preemption notice during the last step ===================================================
+@pytest.mark.timeout(180)
+def test_preemption_notice_during_the_last_step_still_stores_the_last_checkpoint(local_ray, run_dirs):
+    """The same program, storing every 4th checkpoint (`persist_every_n_reports=4`); rank 1 gets a
+    preemption notice (SIGTERM) as the last step (18) begins. The group unwinds after that last
+    report and re-forms without rank 1, with nothing left to run: the last checkpoint, which the
+    cadence did not store, must still be stored before fit() returns, as it is in a run without the
+    notice."""
+    steps = 18
+    trainer = TorchTrainer(
+        ddp_module_loop,
+        train_loop_config={"steps": steps, "step_time": 0.1, "fault_step": steps, "signal": "SIGTERM",
+                           "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
+                             checkpoint_config=CheckpointConfig(persist_every_n_reports=4)),
+    )
+    result = fit_in_background(trainer)(150)
+    timeline = assert_finished(result)
+    assert result.metrics["step"] == steps
+    assert [e for e in result.events if e["kind"] == "preemption_notice"], timeline
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1))
+    assert_params_follow_reference(lines, steps, timeline)
+    assert steps_redone(lines) == 0, timeline
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "checkpoint.pt"))
+    assert state["step"] == steps, f"the last checkpoint was never stored\n{timeline}"
+    assert torch.allclose(torch.cat([state["model"]["weight"].flatten(), state["model"]["bias"]]),
+                          torch.tensor(reference(steps)[steps][0]), rtol=1e-5, atol=1e-6)
+
+
+# == 6. Growing back during the last step ==========================================================
+@pytest.mark.timeout(180)
+def test_growing_back_at_the_last_report_still_stores_the_last_checkpoint(local_ray, run_dirs):
+    """The same program, storing every 4th checkpoint; rank 1 is SIGKILLed at step 10 and the run
+    goes on alone. Its last step (18) is long (8 s), so the replacement worker is ready during it:
+    the group grows back at the last report, and the new generation has nothing left to run. The
+    last checkpoint, which the cadence did not store, must still be stored before fit() returns."""
+    steps = 18
+    trainer = TorchTrainer(
+        ddp_module_loop,
+        train_loop_config={"steps": steps, "step_time": 0.1, "last_step_time": 8.0, "fault_step": 10,
+                           "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
+                             checkpoint_config=CheckpointConfig(persist_every_n_reports=4)),
+    )
+    result = fit_in_background(trainer)(150)
+    timeline = assert_finished(result)
+    assert result.metrics["step"] == steps
+    assert 1 in result.world_sizes, timeline
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1))
+    assert_params_follow_reference(lines, steps, timeline)
+    assert steps_redone(lines) <= 1, timeline
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "checkpoint.pt"))
+    assert state["step"] == steps, f"the last checkpoint was never stored\n{timeline}"
