@@ -8,8 +8,9 @@ import os
 import pytest
 
 import elastic_train as et
-from elastic_train.protocol import ResumePlan
+from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.worker.session import CheckpointMemory
 from tests.helpers import make_trainer
 from tests.loops import linear_regression_loop, read_progress, sharded_directory_loop
 
@@ -31,6 +32,33 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
     assert ledger.resume_plan({10}) == ResumePlan(2, {10: ["model.pt", "shard_0", "shard_1"]}, generation=0)
     ledger.rewind(1)
     assert sorted(ledger.entries) == [1]
+
+
+@pytest.mark.timeout(10)
+def test_resume_plans_use_what_parked_workers_hold_and_memory_is_keyed_by_generation():
+    """After a rewind a new generation reports the same indices again: a part of an older generation
+    must never be served for a newer one. And a worker that evicted a snapshot is no holder of it."""
+    old = HeldCheckpoint(5, 1, 0, ["model.pt"], [])  # this worker, as rank 0 of generation 1
+    new = HeldCheckpoint(5, 2, 0, ["model.pt"], [])  # its peer, rank 0 of generation 2 (a replica)
+    own, replicas = CheckpointMemory(keep=2), CheckpointMemory(keep=2)
+    own.put(old, {"model.pt": b"generation 1"})
+    replicas.put(new, {"model.pt": b"generation 2"})
+    assert own.find(2, 5, ["model.pt"]) == {} and replicas.get(2, 5, ["model.pt"]) == {"model.pt": b"generation 2"}
+    with pytest.raises(KeyError, match="checkpoint 5 of generation 1"):
+        replicas.get(1, 5, ["model.pt"])
+    # Out of a generation nothing is evicted (what a parked worker said it holds stays true).
+    for index in (6, 7):
+        replicas.put(HeldCheckpoint(index, 3, 0, ["model.pt"], []), {"model.pt": b""}, evict=False)
+    assert replicas.keys() == [(2, 5), (3, 6), (3, 7)]
+
+    ledger = CheckpointLedger(keep=2)
+    for index in (1, 2, 3):
+        for rank, worker in ((0, 10), (1, 11)):
+            ledger.record(0, 2, index, rank, worker_id=worker, names=[f"shard_{rank}"], metrics=None, loader_states=[])
+    assert ledger.resume_plan({10, 11}).index == 3
+    # Worker 11 parked saying it holds only 1 and 2 (it evicted 3, say): 3 cannot be served whole.
+    assert ledger.resume_plan({10, 11}, holds={11: {(0, 1), (0, 2)}}).index == 2
+    assert ledger.resume_plan({10, 11}, holds={11: set()}) is None
 
 
 @pytest.mark.timeout(120)
