@@ -8,7 +8,7 @@ where the supervisor stops keeping up is a number rather than a guess.
 What: the real `Supervisor` (a Ray async actor, created as `trainer.py` creates it: 0 CPUs,
 max_concurrency=10,000) as `ScaleSupervisor`, which registers N simulated members (generation 0,
 state RUNNING, adoption done) and runs only the detection part of the control loop: `run()`'s wait
-for a wake-up or `control_tick_s`, then `_drop_silent_workers` (the rest of `_step` would act on
+for a wake-up or `control_tick_s`, then `WorkerPool.drop_silent` (the rest of `_step` would act on
 real worker actors). Heartbeats take the real path: `Supervisor.heartbeat` over Ray (counted on the
 way in). A few `HeartbeatSender` actors simulate the workers, one coroutine per worker doing what
 `worker/heartbeat.py` does: wait `heartbeat_interval_s`, call `heartbeat`, wait for the reply at
@@ -18,7 +18,7 @@ per worker); each starts at a random phase. Per N, on a fresh supervisor and sen
 1. warm-up, then a steady-state window: the supervisor's CPU (psutil, on its PID; 100 % = one
    core), the senders' and the whole machine's; heartbeats the supervisor served per second against
    the target N / interval, and its CPU per heartbeat; the round trip of the heartbeats the senders
-   had answered in time, and how many timed out; the cost of one `_drop_silent_workers` scan
+   had answered in time, and how many timed out; the cost of one `WorkerPool.drop_silent` scan
    (`scan_ms`) and the gap between ticks (event-loop lag shows there);
 2. failures: a random set of workers (staggered over a few seconds) stop heartbeating. Per failure,
    `detect_delay_s` = the `worker_lost` event's time - the worker's last heartbeat's send time -
@@ -80,9 +80,9 @@ class ScaleSupervisor(Supervisor):
         RUNNING and serve calls; returns this process's PID."""
         now = time.monotonic()
         for i in range(n):
-            self._workers[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
+            self._pool.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
                                             generation=0, rank=i)
-        self._next_worker_id = n
+        self._pool.next_id = n
         self._generation, self._world_size = 0, n
         self._transition(RunState.RUNNING, reason="benchmark", generation=0, world_size=n)
         self._detecting = True
@@ -107,7 +107,7 @@ class ScaleSupervisor(Supervisor):
                 pass
             self._wake.clear()
             wall, started = time.time(), time.perf_counter()
-            self._drop_silent_workers(time.monotonic())
+            self._pool.drop_silent(time.monotonic())
             ticks.append((wall, time.perf_counter() - started, self._served))
         return ticks
 

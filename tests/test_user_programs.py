@@ -183,15 +183,17 @@ def rank_0_saves_loop(config):
             optimizer.load_state_dict(state["optimizer"])
             start = state["step"]
     for step in range(start + 1, config["steps"] + 1):
-        if step == config["notice_step"] and train.get_context().get_world_rank() == config["notice_rank"] \
+        if step == config["fault_step"] and train.get_context().get_world_rank() == config.get("fault_rank", 1) \
                 and once(config):
-            os.kill(os.getpid(), signal.SIGTERM)  # what a node shutting down sends: a preemption notice
+            # SIGTERM is what a node shutting down sends: a preemption notice.
+            os.kill(os.getpid(), getattr(signal, config.get("signal", "SIGKILL")))
         x, y = my_share(step)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        time.sleep(config["step_time"])
+        # The last step may be long (a final evaluation, say).
+        time.sleep(config.get("last_step_time", config["step_time"]) if step == config["steps"] else config["step_time"])
         progress(config, step, params=flat(model))
         metrics = {"loss": loss.item(), "step": step}
         if train.get_context().get_world_rank() == 0:
@@ -210,7 +212,8 @@ def test_preemption_notice_in_a_fixed_size_run_loses_no_step(local_ray, run_dirs
     steps = 30
     trainer = TorchTrainer(
         rank_0_saves_loop,
-        train_loop_config={"steps": steps, "step_time": 0.05, "notice_step": 20, "notice_rank": notice_rank,
+        train_loop_config={"steps": steps, "step_time": 0.05, "fault_step": 20, "fault_rank": notice_rank,
+                           "signal": "SIGTERM",
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
@@ -299,48 +302,14 @@ def test_one_bug_raised_by_every_rank_counts_as_one_failure(local_ray, run_dirs)
     assert result.metrics["loss"] == pytest.approx(reference(epochs * per)[epochs * per][1], rel=1e-4)
 
 
-# == 4. Shrinking to one worker with model.module in the checkpoint ===============================
-def ddp_module_loop(config):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    start = 0
-    checkpoint = train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as checkpoint_dir:
-            state = torch.load(os.path.join(checkpoint_dir, "checkpoint.pt"))
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start = state["step"]
-    model = prepare_model(model)
-    for step in range(start + 1, config["steps"] + 1):
-        if step == config["fault_step"] and train.get_context().get_world_rank() == 1 and once(config):
-            os.kill(os.getpid(), getattr(signal, config.get("signal", "SIGKILL")))
-        x, y = my_share(step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        # The last step may be long (a final evaluation, say).
-        time.sleep(config.get("last_step_time", config["step_time"]) if step == config["steps"] else config["step_time"])
-        progress(config, step, params=flat(model))
-        metrics = {"loss": loss.item(), "step": step}
-        if train.get_context().get_world_rank() == 0:
-            with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
-                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                           os.path.join(temp_checkpoint_dir, "checkpoint.pt"))
-                train.report(metrics, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
-        else:
-            train.report(metrics)
-
-
+# == 4. Shrinking to one worker with model.module in the checkpoint (rank_0_saves_loop, SIGKILL) ======
 @pytest.mark.timeout(180)
 def test_shrinking_to_one_worker_keeps_model_module(local_ray, run_dirs):
     """num_workers=(1, 2), `prepare_model` and `model.module.state_dict()` as the guides write them;
     rank 1 is SIGKILLed mid-run, so the run goes on at world size 1 for a while."""
     steps = 30
     trainer = TorchTrainer(
-        ddp_module_loop,
+        rank_0_saves_loop,
         train_loop_config={"steps": steps, "step_time": 0.1, "fault_step": 10, "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=(1, 2)),
         run_config=RunConfig(name="run", storage_path=run_dirs["storage"]),
@@ -367,7 +336,7 @@ def test_preemption_notice_during_the_last_step_still_stores_the_last_checkpoint
     notice."""
     steps = 18
     trainer = TorchTrainer(
-        ddp_module_loop,
+        rank_0_saves_loop,
         train_loop_config={"steps": steps, "step_time": 0.1, "fault_step": steps, "signal": "SIGTERM",
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=(1, 2)),
@@ -398,7 +367,7 @@ def test_growing_back_at_the_last_report_still_stores_the_last_checkpoint(local_
     last checkpoint, which the cadence did not store, must still be stored before fit() returns."""
     steps = 18
     trainer = TorchTrainer(
-        ddp_module_loop,
+        rank_0_saves_loop,
         train_loop_config={"steps": steps, "step_time": 0.1, "last_step_time": 8.0, "fault_step": 10,
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=(1, 2)),
