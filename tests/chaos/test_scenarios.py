@@ -60,7 +60,7 @@ def test_ray_kill_of_rank_0(local_ray, run_dirs):
 
 
 @pytest.mark.timeout(300)
-def test_hang_is_dropped_then_fenced(local_ray, run_dirs):
+def test_hang_is_dropped_and_its_process_replaced(local_ray, run_dirs):
     _run(run_dirs, chaos_trainer(run_dirs, (1, 2), elastic=FAST_DETECTION), 2, schedules.at([2.0]), "hang",
          "rank:1", fault_args={"hang_s": 4.0})
 
