@@ -11,8 +11,7 @@ The 25 main cells cover every pair of values of the four dimensions (a 5x5 Latin
 and fault; scaling = (i + j) % 2, collective = (i + 2j) % 3). Each must finish (or fail exactly as
 its FailureConfig says) with the state after every computed step, the final metrics and the final
 committed checkpoint equal to the fault-free trajectory, computed exactly in this process, and at
-most one step redone (none with a notice; without checkpoints, from scratch; two in a loop without a
-collective that loses a rank: see the bound in `_check`).
+most one step redone (none with a notice; without checkpoints, from scratch).
 """
 
 from __future__ import annotations
@@ -119,12 +118,7 @@ def _check(cell: Cell, run_dirs: dict, result: train.Result) -> None:
     if cell.fault == "term":
         bound = 0
     else:
-        bound = 1
-        if cell.collective == "none" and cell.fault in ("kill_ckpt", "kill_other", "stop"):
-            # No collective stops a survivor; `report()` does, a barrier one report late: a survivor
-            # computes the step the lost rank never reported, and the next one, before its report
-            # waits for the lost rank. Both are redone (README: "Report is a barrier").
-            bound = 2
+        bound = 1  # even with no collective in the loop: `report()` is a barrier
     assert redone <= bound, f"{redone} steps redone (at most {bound})\n{timeline}"
     if fault is not None and cell.fault != "raise":
         after = [e for e in result.events if e["kind"] == "generation" and e["generation"] > fault["generation"]]

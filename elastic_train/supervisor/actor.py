@@ -490,9 +490,8 @@ class Supervisor:
         loader_states: list[dict[str, Any]],
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
-        `report()` is a barrier, as in Ray Train. Workers read replies one report late, so a loop in
-        lockstep never waits, and no rank runs more than one report ahead of the slowest: the newest
-        checkpoint every rank reported is still in every rank's memory (see `TrainSession.report`)."""
+        `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
+        meanwhile answers it (refused)."""
         w = await self._record(worker_id)
         if w is None:
             return ReportReply(accepted=False)

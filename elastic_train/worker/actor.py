@@ -189,7 +189,6 @@ class TrainWorker:
             self._persister.submit,
             self._ended.is_set,
             self._spec.storage,
-            self._spec.elastic.drain_timeout_s,
         )
         set_session(session)
         self._session = session
@@ -200,7 +199,6 @@ class TrainWorker:
                 self._spec.train_fn()
             else:
                 self._spec.train_fn(self._spec.train_config)
-            session.finish()
             self._flush_last_checkpoint(session)
             outcome = Outcome(Exit.FINISHED, generation)
         except GenerationEnded:

@@ -122,7 +122,6 @@ class TrainSession:
         persist: Callable[[PartUpload], None],
         generation_ended: Callable[[], bool],
         storage: RunStorage,
-        reply_timeout_s: float,
     ):
         self.worker_id = worker_id
         self.context = context
@@ -132,9 +131,7 @@ class TrainSession:
         self._persist = persist
         self._generation_ended = generation_ended
         self._storage = storage
-        self._reply_timeout_s = reply_timeout_s
         self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
-        self._in_flight: tuple[int, Any, PartUpload | None] | None = None  # the report awaiting its reply
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -145,20 +142,13 @@ class TrainSession:
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
-        """Snapshot the checkpoint, tell the supervisor, hand the part to the persister.
-
-        The previous report's reply is read first: it comes once every rank has made that report (a
-        barrier, one report late). Only then is this report's snapshot kept, which evicts the oldest
-        one in memory: what is evicted is never newer than the newest checkpoint every rank reported,
-        so a new generation always finds that one in memory, even in a loop with no collective where
-        the survivors of a lost peer would otherwise run on ahead of it.
-        """
+        """Snapshot the checkpoint, tell the supervisor, hand the part to the persister; return once
+        every rank has made this report. `report()` is a barrier, as in Ray Train: no rank runs a
+        step ahead of a lost peer's last report, even in a loop with no collective, so at most one
+        step is redone; and the newest checkpoint every rank reported is the oldest this worker may
+        still need, never evicted by the snapshot kept here."""
         if self._generation_ended():
             raise GenerationEnded()
-        unwind = False
-        if self._in_flight is not None:
-            previous, self._in_flight = self._in_flight, None
-            unwind = self._settle(*previous)
         self.index += 1
         files = checkpoint.files() if checkpoint is not None else None
         assignment = self.context.assignment
@@ -175,15 +165,8 @@ class TrainSession:
             loader_states,
         )
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
-        self._in_flight = (self.index, reply, part)
-        if unwind:  # this report was made: the next generation resumes from it, no step lost
+        if self._settle(self.index, reply, part):  # this report was made: the next generation resumes from it
             raise GenerationEnded()
-
-    def finish(self) -> None:
-        """The loop returned: settle its last report (every rank made it)."""
-        if self._in_flight is not None:
-            previous, self._in_flight = self._in_flight, None
-            self._settle(*previous)
 
     def get_checkpoint(self) -> Checkpoint | None:
         if not self._restored_loaded:
@@ -200,9 +183,7 @@ class TrainSession:
 
     # -- internals ------------------------------------------------------------------------------
     def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> bool:
-        """Act on the supervisor's reply to report `index`; returns whether the group re-forms after
-        the report that follows it. Replies are read one report late, so a report costs a loop in
-        lockstep no round trip."""
+        """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)
         if not reply.accepted:
             logger.warning("report %d rejected: this worker was fenced out of generation %d",
@@ -238,15 +219,7 @@ class TrainSession:
         return files
 
     def close(self) -> None:
-        """The generation is over: wait until the supervisor has taken the last report (so it is
-        recorded before this worker parks: calls from one process to an async actor may be taken in
-        any order), and remove what this session wrote to local disk."""
-        if self._in_flight is not None:
-            try:
-                ray.get(self._in_flight[1], timeout=self._reply_timeout_s)
-            except (ray.exceptions.RayError, TimeoutError) as exc:
-                logger.warning("last report %d not acknowledged: %s", self._in_flight[0], exc)
-            self._in_flight = None
+        """The generation is over: remove what this session wrote to local disk."""
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
