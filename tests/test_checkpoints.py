@@ -114,3 +114,13 @@ def test_persist_cadence_every_n_one_in_flight_and_all_by_score():
             chosen.append(t)
             timed.settled(t)
     assert chosen == [11, 25]
+
+
+@pytest.mark.timeout(10)
+def test_parts_of_one_checkpoint_handed_over_by_two_peers_are_merged():
+    """Two leaving workers hand their parts of the same checkpoint to one staying worker: it holds both."""
+    memory = CheckpointMemory(keep=2)
+    memory.put(HeldCheckpoint(4, 1, -1, ["shard_2"], []), {"shard_2": b"2"}, evict=False)
+    memory.put(HeldCheckpoint(4, 1, -1, ["shard_3"], []), {"shard_3": b"3"}, evict=False)
+    assert memory.get(1, 4, ["shard_2", "shard_3"]) == {"shard_2": b"2", "shard_3": b"3"}
+    assert memory.holdings()[0].names == ["shard_2", "shard_3"]

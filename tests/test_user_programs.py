@@ -236,6 +236,9 @@ def test_preemption_notice_in_a_fixed_size_run_loses_no_step(local_ray, run_dirs
     assert [e for e in result.events if e["kind"] == "preemption_notice"
             and e["pid"] == read_marker(run_dirs["log_dir"])["pid"]], timeline
     assert set(result.world_sizes) == {2}, timeline
+    # A notice is no failure: the group re-forms without restarting, and nobody is lost.
+    assert not [e for e in result.events if e["kind"] in ("worker_lost", "failure")
+                or (e["kind"] == "state" and e["target"] == "RESTARTING")], timeline
 
 
 # == 3. One bug, hit by every rank, counted once ===================================================

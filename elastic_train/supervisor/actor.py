@@ -142,7 +142,7 @@ class Supervisor:
             member = info in members
             record = WorkerRecord(
                 info.worker_id, handle, status=WorkerStatus.MEMBER if member else WorkerStatus.STARTING,
-                node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now,
+                node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now, last_report=(info.index, now),
                 generation=info.generation if member else -1, rank=info.rank if member else -1,
             )
             self._pool.watch(record, handle.wait_stopped.remote())
@@ -351,7 +351,8 @@ class Supervisor:
         finally:
             for w in leaving:
                 release(w, Stop("left under a preemption notice", flush=flush))
-                w.status, w.lost_reason = WorkerStatus.LOST, "left under a preemption notice"
+                # Out of the generation (not a member lost from it) and gone.
+                w.status, w.lost_reason, w.rank = WorkerStatus.LOST, "left under a preemption notice", -1
             self._handover = None
             self._wake.set()
 
@@ -459,6 +460,8 @@ class Supervisor:
                 return Stop("this worker was declared dead")
             self._event("fenced_worker_rejoined", worker_id=worker_id, pid=w.pid, old_generation=outcome.generation)
             w.rank = -1
+        if w.leaving and not self._is_member(w):
+            return Stop("left under a preemption notice")  # a standby: nothing to hand over
         w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
         w.holds = set(map(tuple, outcome.held))
         w.last_heartbeat = time.monotonic()

@@ -7,6 +7,7 @@ unwinds the loop with `GenerationEnded` when the group is about to be re-formed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -50,7 +51,12 @@ class CheckpointMemory:
         """Keep a part; with `evict`, drop the oldest beyond `keep`. A worker tells the supervisor
         what it holds when it parks; from then on, until its next generation, nothing is evicted."""
         with self._lock:
-            self._parts[(held.generation, held.index)] = (held, files)
+            key = (held.generation, held.index)
+            if key in self._parts:  # more of the same checkpoint (parts handed over by two peers): merged
+                known, held_files = self._parts[key]
+                files = {**held_files, **files}
+                held = dataclasses.replace(known, names=sorted(files))
+            self._parts[key] = (held, files)
             while evict and len(self._parts) > self._keep:
                 self._parts.popitem(last=False)
 
