@@ -328,9 +328,7 @@ class Supervisor:
         if not leaving:
             return True
         if self._handover is None and not any(m.status is WorkerStatus.MEMBER for m in self._members()):
-            self._handover = asyncio.ensure_future(self._hand_over(leaving))
-            self._tasks.add(self._handover)
-            self._handover.add_done_callback(self._tasks.discard)
+            self._handover = self._track(self._hand_over(leaving))
         return False
 
     async def _hand_over(self, leaving: list[WorkerRecord]) -> None:
@@ -411,10 +409,12 @@ class Supervisor:
         self._pool.end_all(self._stop(reason), now=True)  # whatever has not ended by now is ended here
         await self._commits.close(self._elastic.storage_retry_deadline_s, self._events)
 
-    def _track(self, coroutine: Any) -> None:
+    def _track(self, coroutine: Any) -> asyncio.Future:
+        """Run `coroutine` as a task that shutdown waits for."""
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _event(self, kind: str, **details: Any) -> None:
         self._events.append({"t": round(time.monotonic() - self._started, 4), "time": time.time(), "kind": kind,
