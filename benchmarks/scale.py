@@ -61,6 +61,7 @@ from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.supervisor.state import RunState
 from elastic_train.worker.actor import WorkerSpec
+from elastic_train.worker.context import RunInfo
 
 logger = logging.getLogger("benchmarks.scale")
 
@@ -360,7 +361,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as storage_path:
             storage = RunStorage(storage_path, "scale", None, elastic.storage_retry())
-            spec = WorkerSpec(train_fn=_no_op, train_config=None, backend="gloo", elastic=elastic, storage=storage)
+            spec = WorkerSpec(train_fn=_no_op, train_config=None, backend="gloo", elastic=elastic, storage=storage,
+                              run=RunInfo(storage.name))
             rng = random.Random(0)
             runs = []
             for n in counts:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.worker.session import TrainContext, get_session
+from elastic_train.worker.context import TrainContext
+from elastic_train.worker.session import get_session
 
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:

@@ -25,6 +25,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.state import RunState
 from elastic_train.worker.actor import WorkerSpec
+from elastic_train.worker.context import RunInfo
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class TorchTrainer:
             backend="nccl" if self.scaling_config.use_gpu else "gloo",
             elastic=elastic,
             storage=storage,
+            run=RunInfo(name),
         )
         if not ray.is_initialized():
             ray.init()

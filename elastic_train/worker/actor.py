@@ -26,12 +26,12 @@ from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
+from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
     GenerationEnded,
-    TrainContext,
     TrainSession,
     set_session,
 )
@@ -48,6 +48,7 @@ class WorkerSpec:
     backend: str
     elastic: ElasticConfig
     storage: RunStorage
+    run: RunInfo
 
 
 def free_port() -> int:
@@ -183,7 +184,7 @@ class TrainWorker:
         session = TrainSession(
             self.worker_id,
             self._supervisor,
-            TrainContext(assignment, self._spec.storage.name, self._spec.storage.url()),
+            TrainContext(assignment, self._spec.run, self._spec.storage),
             self._keep_snapshot,
             self.read_checkpoint,
             self._persister.submit,

@@ -13,14 +13,14 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import ray
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.protocol import Assignment, HeldCheckpoint, ReportReply, ResumePlan
+from elastic_train.protocol import HeldCheckpoint, ReportReply, ResumePlan
+from elastic_train.worker.context import TrainContext
 from elastic_train.worker.persister import PartUpload
 
 logger = logging.getLogger(__name__)
@@ -81,40 +81,6 @@ class CheckpointMemory:
         with self._lock:
             _, part = self._parts.get((generation, index), (None, {}))
             return {n: part[n] for n in names if n in part}
-
-
-@dataclass
-class TrainContext:
-    """Where this worker stands (Ray Train's `get_context()`)."""
-
-    assignment: Assignment
-    experiment_name: str
-    run_dir: str
-
-    def get_world_rank(self) -> int:
-        return self.assignment.rank
-
-    def get_world_size(self) -> int:
-        return self.assignment.world_size
-
-    def get_local_rank(self) -> int:
-        return self.assignment.local_rank
-
-    def get_local_world_size(self) -> int:
-        return self.assignment.local_world_size
-
-    def get_node_rank(self) -> int:
-        return self.assignment.node_rank
-
-    def get_generation(self) -> int:
-        """The membership generation: it grows by one at every change of the worker set."""
-        return self.assignment.generation
-
-    def get_experiment_name(self) -> str:
-        return self.experiment_name
-
-    def get_trial_dir(self) -> str:
-        return self.run_dir
 
 
 class TrainSession:
