@@ -101,3 +101,43 @@ class WorkerInfo:
     index: int  # the last report index it reached in that generation
     running: bool  # still in the loop of that generation (not parked)
     held: list[HeldCheckpoint] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """An imminent preemption (Ray Train's `ray.train.PreemptionInfo`): what `get_preemption_info()`
+    returns on every rank alike once a notice is known."""
+
+    deadline_ms: int | None  # the earliest reclaim deadline (UNIX time in ms) of the preempted nodes, if known
+    preempted_node_to_ranks: dict[str, list[int]]  # node id -> the world ranks it runs
+
+    @property
+    def preempted_node_ids(self) -> list[str]:
+        return sorted(self.preempted_node_to_ranks)
+
+    @property
+    def preempted_ranks(self) -> list[int]:
+        return sorted({r for ranks in self.preempted_node_to_ranks.values() for r in ranks})
+
+
+@dataclass
+class ReportRecord:
+    """One report every rank made, for the driver's callbacks: delivered in order, once its checkpoint
+    is settled (committed, or known never to be)."""
+
+    index: int
+    generation: int
+    world_size: int
+    metrics: list[dict[str, Any]]  # by world rank
+    checkpoint: Any = None  # the CommittedCheckpoint, when this report's checkpoint was committed
+
+
+@dataclass
+class Feed:
+    """What `Supervisor.feed` returns: the reports and events since the driver's cursors."""
+
+    reports: list[ReportRecord]
+    events: list[dict[str, Any]]
+    report_cursor: int
+    event_cursor: int
+    over: bool  # the run has ended: nothing more will come
