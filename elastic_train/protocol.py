@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray import cloudpickle
+
 
 class Exit(str, enum.Enum):
     """Why a worker left a generation and parked at the supervisor."""
@@ -23,6 +25,28 @@ class Outcome:
     generation: int = -1
     detail: str = ""  # the traceback for USER_ERROR / COLLECTIVE_ERROR
     held: list[tuple[int, int]] = field(default_factory=list)  # (generation, index) of the parts it holds
+    error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
+
+    @classmethod
+    def user_error(cls, generation: int, exc: BaseException, detail: str, exit: Exit = Exit.USER_ERROR) -> "Outcome":
+        """The user's code raised `exc`: it travels pickled, its traceback text attached as a note, so
+        that `fit()` raises it again with the worker's traceback; an exception that cannot be pickled
+        travels as a RuntimeError that holds the traceback."""
+        exc.add_note(detail)
+        try:
+            error = cloudpickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - any object may sit in an exception's args
+            error = None
+        return cls(exit, generation, detail, error=error)
+
+    def raised(self) -> BaseException:
+        """The exception of a USER_ERROR, as the user's code raised it."""
+        if self.error is not None:
+            try:
+                return cloudpickle.loads(self.error)
+            except Exception:  # noqa: BLE001 - its class may not load here
+                pass
+        return RuntimeError(self.detail)
 
 
 @dataclass
@@ -74,6 +98,8 @@ class ReportReply:
     unwind: bool = False  # leave the loop after this report: the group is being resized
     persist: bool = False  # store this checkpoint (the persistence cadence chose it)
     replaceable: bool = True  # a newer checkpoint may replace it before its upload starts
+    dir_name: str | None = None  # the folder the report named (the first rank's `checkpoint_dir_name`)
+    list_stored: bool = False  # list the checkpoint the loop stored itself (NO_UPLOAD) and report it persisted
 
 
 @dataclass
@@ -141,3 +167,4 @@ class Feed:
     report_cursor: int
     event_cursor: int
     over: bool  # the run has ended: nothing more will come
+    incarnation: str = ""  # the supervisor's: a restarted one feeds from the start again (the cursors were its predecessor's)

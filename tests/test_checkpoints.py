@@ -96,9 +96,12 @@ def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
 
 
 @pytest.mark.timeout(10)
-def test_persist_cadence_every_n_one_in_flight_and_all_by_score():
+def test_persist_cadence_all_by_default_every_n_one_in_flight_and_all_by_score():
     from elastic_train.supervisor.cadence import PersistCadence
 
+    every = PersistCadence(et.CheckpointConfig(), now=0.0)
+    # No cadence asked for (the default, Ray's contract): every checkpoint, in order, none replaced.
+    assert all(every.choose(i, now=0.0) for i in range(1, 6)) and not every.replaceable
     newest = PersistCadence(et.CheckpointConfig(persist_every_n_reports=2), now=0.0)
     # Every 2nd report, but not while the chosen one (2) is still on its way; once it settles, the next report.
     assert [newest.choose(i, now=i) for i in (1, 2, 3, 4)] == [False, True, False, False]

@@ -24,7 +24,6 @@ from elastic_train.checkpoint.manifest import MANIFEST, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import Attempt, CommitRefused, RunStorage
 from elastic_train.protocol import Assignment, ResumePlan
-from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
@@ -190,7 +189,8 @@ def test_the_persister_drops_parts_that_a_newer_generation_reports_again_before_
             raise PartObsolete("reported again by a newer generation")
         uploaded.append((part.generation, part.index))
 
-    persister = Persister(upload, lambda p, e: given_up.append(p), lambda p, e: failed.append(p))
+    persister = Persister(upload, lambda p, e: given_up.append(p), lambda p, e: failed.append(p),
+                          max_queued=8)
     persister.submit(PartUpload(0, 3, {"a": b"3"}, replaceable=False))
     assert first_started.wait(WAIT_S)
     for index in (4, 5):  # queued behind the upload of 3 (checkpoints kept by score: all of them)
@@ -232,7 +232,7 @@ def test_a_part_of_an_older_generation_never_counts_for_an_index_reported_again(
     _report(ledger, 1, 3, {10: ["shard_0"], 11: ["shard_1"]})
     assert ledger.abandoned_before(3, live_workers={10, 11}) == []
     assert entry.given_up and not entry.ready_to_commit
-    assert ledger.abandoned_before(3, live_workers={10}) == [(2, 1)]  # worker 11 is gone
+    assert ledger.abandoned_before(3, live_workers={10}) == [(2, 1, None)]  # worker 11 is gone
     assert ledger.abandoned_before(3, live_workers={10}) == []  # returned once
 
 
@@ -241,7 +241,7 @@ class _Commits(Commits):
 
     def __init__(self, storage: RunStorage, checkpointing: et.CheckpointConfig, workers: list[int]):
         self.ledger, self.tasks, self.events = CheckpointLedger(keep=2), set(), []
-        super().__init__(storage, checkpointing, self.ledger, PersistCadence(checkpointing, 0.0),
+        super().__init__(storage, checkpointing, self.ledger, settled=lambda generation, index, committed: None,
                          event=lambda kind, **details: self.events.append({"kind": kind, **details}),
                          fail=self._failed, live_workers=lambda: set(workers), track=self._run)
 

@@ -6,6 +6,11 @@ checkpoint (`Attempt`): after a failure the next generation reports the same ind
 worker of the older one (fenced, or its persister still busy) may still be writing; with a folder
 per attempt, such a stale writer can never touch files of a checkpoint another generation commits.
 
+A report may name its folder instead (`report(checkpoint_dir_name=...)`, as in Ray Train, or a
+checkpoint the loop wrote there itself with `NO_UPLOAD`). Such a folder is known by its manifest;
+one without a manifest is never removed here (it may be the user's, half written), and a name used
+again is written again: the newest commit under a name is the one it holds.
+
 Every file is an object of its own, written whole in one call (`pipe_file`: one PUT, or a multipart
 upload that only appears once complete), so there is no rename step that an object store would turn
 into a second copy. A local file is written beside its name and renamed over it, so that it too is
@@ -29,7 +34,7 @@ import re
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from fsspec.core import url_to_fs
@@ -42,6 +47,7 @@ from elastic_train.errors import CheckpointError, ConfigError, StorageError
 logger = logging.getLogger(__name__)
 
 _FOLDER = re.compile(r"checkpoint_(\d+)(?:_g(\d+))?$")
+_SCRATCH = re.compile(r"\..+\.[0-9a-f]{12}\.tmp$")  # a local file being written (`_put_local`)
 LEGACY_GENERATION = -1  # a folder named by index alone, as releases before attempts wrote them
 
 
@@ -52,9 +58,12 @@ class Attempt:
 
     index: int
     generation: int
+    name: str | None = field(default=None, compare=False)  # a folder the report named (None: ours)
 
     @property
     def dirname(self) -> str:
+        if self.name is not None:
+            return self.name
         if self.generation == LEGACY_GENERATION:
             return f"checkpoint_{self.index:06d}"
         return f"checkpoint_{self.index:06d}_g{self.generation:04d}"
@@ -75,10 +84,11 @@ class CommittedCheckpoint:
     path: str  # URL of the checkpoint folder
     manifest: Manifest
     generation: int = LEGACY_GENERATION  # of the folder's name: the generation that committed it
+    name: str | None = None  # the folder's name, when the report named it
 
     @property
     def attempt(self) -> Attempt:
-        return Attempt(self.index, self.generation)
+        return Attempt(self.index, self.generation, self.name)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -171,36 +181,66 @@ class RunStorage:
         self.retry.call(f"deleting from {self.url()}", self.fs.rm, probe)
 
     # -- writing --------------------------------------------------------------------------------
-    def write_part(self, index: int, files: Mapping[str, bytes], generation: int = 0) -> dict[str, dict[str, Any]]:
+    def write_part(self, index: int, files: Mapping[str, bytes], generation: int = 0,
+                   name: str | None = None) -> dict[str, dict[str, Any]]:
         """Store a rank's part of checkpoint `index`, as reported in `generation`, into that
-        attempt's folder; returns each file's size and checksum."""
-        attempt = Attempt(index, generation)
+        attempt's folder (or the one the report named); returns each file's size and checksum."""
+        attempt = Attempt(index, generation, name)
         facts = file_facts(files)
         for name, data in files.items():
             self._put(posixpath.join(self.folder(attempt), name), data,
                       f"writing {self.url(attempt.dirname, name)}")
         return facts
 
-    def commit(self, index: int, manifest: Manifest) -> CommittedCheckpoint:
-        """Make checkpoint `index` of `manifest.generation` exist: check that every file the
-        manifest lists is stored with its reported size, then write the manifest, last. Raises
-        `CommitRefused` (and writes nothing) when a file is missing or of another size, or when
-        the folder is being removed."""
-        attempt = Attempt(index, manifest.generation)
+    def commit(self, index: int, manifest: Manifest, name: str | None = None) -> CommittedCheckpoint:
+        """Make checkpoint `index` of `manifest.generation` exist (in the folder `name`, if the
+        report named one): check that every file the manifest lists is stored with its reported
+        size, then write the manifest, last. Raises `CommitRefused` (and writes nothing) when a file
+        is missing or of another size, or when the folder is being removed."""
+        attempt = Attempt(index, manifest.generation, name)
         url = self.url(attempt.dirname)
         with self.committing(attempt):
             stored = self._stored_sizes(attempt)
             problems = []
-            for name, facts in sorted(manifest.files.items()):
-                size = stored.get(name)
+            for file, facts in sorted(manifest.files.items()):
+                size = stored.get(file)
                 if size is None:
-                    problems.append(f"{name} is not stored")
+                    problems.append(f"{file} is not stored")
                 elif size != facts["size"]:
-                    problems.append(f"{name} is stored with {size} bytes, its writer reported {facts['size']}")
+                    problems.append(f"{file} is stored with {size} bytes, its writer reported {facts['size']}")
             if problems:
                 raise CommitRefused(f"not committing {url}: {'; '.join(problems)}")
             self._put(posixpath.join(self.folder(attempt), MANIFEST), manifest.to_json().encode(), f"committing {url}")
-        return CommittedCheckpoint(index, url, manifest, attempt.generation)
+        return CommittedCheckpoint(index, url, manifest, attempt.generation, attempt.name)
+
+    def stored_facts(self, name: str) -> dict[str, dict[str, Any]]:
+        """Size and checksum of every file under the folder `name` of the run (a checkpoint the
+        loop wrote there itself): what its manifest will list. Reads every file once."""
+        folder = posixpath.join(self.root, name)
+        self.fs.invalidate_cache(folder)
+        paths = self.retry.call(f"listing {self.url(name)}", self.fs.find, folder)
+        prefix = self.fs._strip_protocol(folder).rstrip("/") + "/"
+        files = {}
+        for path in paths:
+            rel = self.fs._strip_protocol(path)[len(prefix):]
+            if rel != MANIFEST and not _SCRATCH.match(posixpath.basename(rel)):
+                files[rel] = self.retry.call(f"reading {self.url(name, rel)}", self.fs.cat_file, path)
+        if not files:
+            raise CheckpointError(f"{self.url(name)} holds no file: write the checkpoint there before reporting it.")
+        return file_facts(files)
+
+    def name_of(self, path: str) -> str:
+        """The folder name, under this run's folder, of a checkpoint at `path`; a clear error for a
+        path elsewhere."""
+        stripped = self.fs._strip_protocol(str(path)).rstrip("/")
+        root = self.fs._strip_protocol(self.root).rstrip("/")
+        name = stripped[len(root) + 1:] if stripped.startswith(root + "/") else ""
+        if not name or "/" in name:
+            raise CheckpointError(
+                f"checkpoint path {path!r} is not a folder directly under the run's folder {self.url()}: build it "
+                "with get_context().get_storage().build_checkpoint_path_from_name(name), write the checkpoint "
+                "there, then report it with checkpoint_upload_mode=NO_UPLOAD.")
+        return name
 
     def write_text(self, name: str, text: str) -> None:
         self._put(posixpath.join(self.root, name), text.encode(), f"writing {self.url(name)}")
@@ -263,13 +303,31 @@ class RunStorage:
         """Every checkpoint folder of the run, committed or not, in order."""
         self.fs.invalidate_cache(self.root)
         try:
-            entries = self.retry.call(f"listing {self.url()}", self.fs.ls, self.root, detail=False)
+            entries = self.retry.call(f"listing {self.url()}", self.fs.ls, self.root, detail=True)
         except StorageError as exc:
             if isinstance(exc.__cause__, FileNotFoundError):
                 return []
             raise
-        found = (Attempt.parse(posixpath.basename(e.rstrip("/"))) for e in entries)
-        return sorted({a for a in found if a is not None})
+        found = set()
+        for entry in entries:
+            folder = posixpath.basename(entry["name"].rstrip("/"))
+            attempt = Attempt.parse(folder)
+            if attempt is None and entry.get("type") == "directory" and not folder.startswith("."):
+                attempt = self._named(folder)
+            if attempt is not None:
+                found.add(attempt)
+        return sorted(found)
+
+    def _named(self, folder: str) -> Attempt | None:
+        """The attempt a folder named by a report holds, known by its manifest; None without one."""
+        raw = self._read(posixpath.join(self.root, folder, MANIFEST))
+        if raw is None:
+            return None
+        try:
+            manifest = Manifest.from_json(raw.decode())
+        except (ValueError, TypeError, KeyError):
+            return None
+        return Attempt(manifest.step, manifest.generation, folder)
 
     def committed(self) -> list[CommittedCheckpoint]:
         """Committed checkpoints of this run, oldest first (an unreadable manifest is skipped, with a warning)."""
@@ -284,7 +342,8 @@ class RunStorage:
             except (ValueError, TypeError, KeyError) as exc:
                 logger.warning("skipping %s: its manifest %s is unreadable (%s)", attempt.dirname, manifest_path, exc)
                 continue
-            found.append(CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation))
+            found.append(CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation,
+                                             attempt.name))
         return found
 
     def read_verified(self, checkpoint: CommittedCheckpoint) -> dict[str, bytes]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +21,11 @@ import ray
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import (
     Assignment,
+    Feed,
     HeartbeatReply,
     Outcome,
+    PreemptionInfo,
+    ReportRecord,
     ReportReply,
     ResumePlan,
     Stop,
@@ -31,6 +35,8 @@ from elastic_train.errors import StorageError
 from elastic_train.supervisor.adoption import describe_workers, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
+from elastic_train.supervisor.feed import ReportFeed
+from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
@@ -51,6 +57,12 @@ class RunSummary:
     metrics_history: list[dict[str, Any]]
     checkpoints: list[CommittedCheckpoint]
     events: list[dict[str, Any]] = field(default_factory=list)
+    worker_failures: dict[int, BaseException] = field(default_factory=dict)
+    """World rank -> what the user's code raised there, in the failure that ended the run."""
+    preemption: PreemptionInfo | None = None
+    """The preemption that spent FailureConfig.max_preemption_failures, if that ended the run."""
+    stopped: str | None = None
+    """Why `stop_run` ended the run, if it did."""
 
 
 class Supervisor:
@@ -69,6 +81,7 @@ class Supervisor:
         self._storage: RunStorage = spec.storage
         context = ray.get_runtime_context()
         self._worker_prefix = worker_prefix(context.get_actor_id())
+        self._incarnation = uuid.uuid4().hex  # tells the driver's feed a restarted supervisor from its predecessor
         # Ray restarted this actor after it died: the workers hold the run's state; adopt them.
         with warnings.catch_warnings():  # Ray's own property calls its deprecated `actor_id`
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -93,8 +106,15 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._pool = WorkerPool(spec, scaling, self._worker_prefix, event=self._event, changed=self._wake.set,
                                 track=self._track, over=lambda: self._state.terminal)
-        self._commits = Commits(self._storage, checkpointing, self._ledger, self._cadence, event=self._event,
+        self._commits = Commits(self._storage, checkpointing, self._ledger, settled=self._settled, event=self._event,
                                 fail=self._storage_failed, live_workers=self._pool.live_ids, track=self._track)
+        self._feed = ReportFeed()
+        self._fed = asyncio.Event()  # set when a report settles or an event is recorded: `feed` waits on it
+        self._closed = False  # the run ended and everything was fed
+        self._stopping: str | None = None  # why `stop_run` was asked
+        self._worker_failures: dict[int, BaseException] = {}
+        self._preemption: PreemptionInfo | None = None
+        self._notices = notices.Notices(failure.max_preemption_failures)
         self._final_flush: ResumePlan | None = None  # what the workers store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
@@ -116,6 +136,8 @@ class Supervisor:
         else:
             self._event("run_started", expected_workers=self._expected_initial)
         self._adopted.set()
+        if self._elastic.watch_ray_drains:
+            asyncio.ensure_future(self._watch_ray_drains())
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -125,8 +147,13 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
+        if self._worker_failures and self._state is RunState.ERRORED:
+            self._worker_failures = self._raised() or self._worker_failures  # with the ranks that parked since
+        self._feed.settle_all()
+        self._closed = True
+        self._fed.set()
         return RunSummary(self._state, self._error, self._metrics, self._history, self._commits.committed,
-                          self._events)
+                          self._events, self._worker_failures, self._preemption, self._stopping)
 
     async def _adopt_workers(self) -> None:
         """After a restart: adopt the workers that describe themselves. The members of their newest
@@ -163,9 +190,12 @@ class Supervisor:
 
     def _step(self, now: float) -> None:
         self._pool.drop_silent(now)
+        self._settle_hopeless()
         if self._state in (RunState.RUNNING, RunState.RESIZING):
             self._drop_hung_workers(now)
-        if self._state is RunState.SCHEDULING:
+        if self._stopping is not None:
+            self._step_stopping(now)
+        elif self._state is RunState.SCHEDULING:
             self._step_scheduling(now)
         elif self._state in (RunState.RUNNING, RunState.RESIZING):
             self._step_running()
@@ -196,11 +226,23 @@ class Supervisor:
             self._pool.lose(self._pool.records[worker_id], decision.reason)
         self._carry_out(decision, self._ready())
 
+    def _step_stopping(self, now: float) -> None:
+        """`stop_run` was asked: members leave their generation, then the run finishes as usual (the
+        newest checkpoint held in memory is stored, torn folders are swept)."""
+        if self._state in (RunState.RUNNING, RunState.RESIZING):
+            self._restart(f"stop requested: {self._stopping}")
+            return
+        decision = policy.stopping(self._member_views() if self._state is RunState.RESTARTING else [],
+                                   waited_s=now - self._entered, drain_timeout_s=self._elastic.drain_timeout_s)
+        for worker_id in decision.dropped:
+            self._pool.lose(self._pool.records[worker_id], decision.reason)
+        self._carry_out(decision, [])
+
     def _carry_out(self, decision: policy.Decision, candidates: list[WorkerRecord]) -> None:
         """The side effects of a decision of `policy`."""
         if decision.failure is not None:
             self._counted.add(self._generation)
-            self._count_failure(decision.failure)
+            self._count_failure(decision.failure, self._raised())
             if self._state.terminal:
                 return
         do = decision.do
@@ -220,6 +262,12 @@ class Supervisor:
             self._transition(RunState.SCHEDULING, reason=decision.reason)
         elif do is policy.Do.FAIL:
             self._fail(decision.reason)
+
+    def _raised(self) -> dict[int, BaseException]:
+        """What the user's code raised on each rank of the current generation (a rank that raised
+        after the generation ended, its peers' error having ended it, is one too)."""
+        return {m.rank: m.outcome.raised() for m in self._members()
+                if m.outcome is not None and m.outcome.error is not None}
 
     def _member_views(self) -> list[policy.Member]:
         return [policy.Member(m.worker_id, m.rank, exit=m.exited, lost=m.status is WorkerStatus.LOST,
@@ -250,15 +298,18 @@ class Supervisor:
                 m.actor.end_generation.remote(self._generation)
                 self._track(self._pool.probe(m))
 
-    def _count_failure(self, detail: str) -> None:
+    def _count_failure(self, detail: str, raised: dict[int, BaseException] | None = None) -> None:
         self._failures += 1
         limit = self._failure.max_failures
-        self._event("failure", count=self._failures, max_failures=limit, detail=detail[-2000:])
+        self._event("failure", count=self._failures, max_failures=limit, detail=detail[-2000:],
+                    worker_failures=raised or {})
         if limit != -1 and self._failures > limit:
-            self._fail(detail)
+            self._fail(detail, raised)
 
-    def _fail(self, error: str) -> None:
+    def _fail(self, error: str, raised: dict[int, BaseException] | None = None) -> None:
+        """The run failed: `raised` holds what the user's code raised by rank, when that failed it."""
         self._error = error
+        self._worker_failures = raised or {}
         self._transition(RunState.ERRORED)
 
     def _open_generation(self, candidates: list[WorkerRecord]) -> None:
@@ -407,7 +458,7 @@ class Supervisor:
         while self._tasks and time.monotonic() < deadline:
             await asyncio.wait(set(self._tasks), timeout=deadline - time.monotonic())
         self._pool.end_all(self._stop(reason), now=True)  # whatever has not ended by now is ended here
-        await self._commits.close(self._elastic.storage_retry_deadline_s, self._events)
+        await self._commits.close(self._elastic.storage_retry_deadline_s)
 
     def _track(self, coroutine: Any) -> asyncio.Future:
         """Run `coroutine` as a task that shutdown waits for."""
@@ -419,6 +470,23 @@ class Supervisor:
     def _event(self, kind: str, **details: Any) -> None:
         self._events.append({"t": round(time.monotonic() - self._started, 4), "time": time.time(), "kind": kind,
                              **details})
+        self._fed.set()
+
+    def _settled(self, generation: int, index: int, committed: CommittedCheckpoint | None) -> None:
+        """Checkpoint `index` of `generation` was committed, or never will be (None)."""
+        self._cadence.settled(index)
+        self._feed.settle(generation, index, committed)
+        self._fed.set()
+
+    def _settle_hopeless(self) -> None:
+        """Reports held back for a checkpoint that can no longer commit are let through without it: its
+        generation rewound past it, a part was given up, or a worker that had to store a part is gone."""
+        live = self._pool.live_ids()
+        for generation, index in self._feed.awaiting():
+            entry = self._ledger.entries.get(index)
+            if (entry is None or entry.generation != generation or entry.given_up
+                    or any(wid not in live and wid not in entry.persisted for wid, _ in entry.parts.values())):
+                self._settled(generation, index, None)
 
     def _holds(self) -> dict[int, set[tuple[int, int]]]:
         """What each parked worker holds in memory (it told at parking; replicas it took since are added)."""
@@ -454,6 +522,8 @@ class Supervisor:
         if w is None:
             return Stop("this worker was not adopted by the restarted supervisor")
         if self._state.terminal:
+            if self._is_member(w) and outcome.generation == self._generation:
+                w.outcome = outcome  # what it raised belongs to the failure that ended the run
             return self._stop("run is over")
         if w.status is WorkerStatus.LOST:
             if w.actor is None:
@@ -488,9 +558,11 @@ class Supervisor:
         worker_id: int,
         generation: int,
         index: int,
-        metrics: dict[str, Any] | None,
+        metrics: dict[str, Any],
         names: list[str] | None,
         loader_states: list[dict[str, Any]],
+        dir_name: str | None = None,
+        registered: bool = False,
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
         `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
@@ -503,16 +575,24 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         w.last_report = (index, time.monotonic())
-        if names is not None and entry.persist is None:
+        entry.dir_name = entry.dir_name or dir_name
+        if registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
+            entry.registered = entry.persist = True
+            entry.registered_by.add(w.rank)
+        elif names is not None and entry.persist is None:
             entry.persist = self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
-        if metrics is not None:
-            self._metrics = dict(metrics)
-            self._history.append({**metrics, "_index": index, "_generation": generation, "_world_size": world_size,
+        if entry.complete:  # a report is made once every rank made it: then it counts (metrics, callbacks)
+            first = entry.metrics_by_rank[0]
+            self._metrics = dict(first)
+            self._history.append({**first, "_index": index, "_generation": generation, "_world_size": world_size,
                                   "_time": time.time()})
-        if entry.complete:
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = self._resize_at is not None and index >= self._resize_at
+            self._feed.made(ReportRecord(index, generation, world_size,
+                                         [entry.metrics_by_rank[r] for r in range(world_size)]),
+                            awaits_commit=bool(entry.persist))
+            self._fed.set()
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
@@ -520,8 +600,9 @@ class Supervisor:
             await self._barriers.setdefault(index, asyncio.Event()).wait()
         if self._rejects(w, generation, index):
             return ReportReply(accepted=False)
-        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist),
-                           replaceable=self._cadence.replaceable)
+        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist) and not entry.registered,
+                           replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
+                           list_stored=registered and w.rank == min(entry.registered_by))
 
     def _rejects(self, w: WorkerRecord, generation: int, index: int) -> bool:
         """A report of a generation that is over, or of a fenced worker, is refused."""
@@ -538,6 +619,67 @@ class Supervisor:
         for barrier in self._barriers.values():
             barrier.set()
         self._barriers.clear()
+        self._notices.release()
+
+    async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
+        """For the driver's callbacks: the reports (settled, in order) and events after the cursors;
+        waits up to `timeout_s` for one. Cursors of another `incarnation` (a supervisor that Ray
+        restarted since) count from the start."""
+        await self._adopted.wait()
+        if incarnation != self._incarnation:
+            report_cursor = event_cursor = 0
+        await self._until(lambda: self._closed or bool(self._feed.since(report_cursor))
+                          or len(self._events) > event_cursor, timeout_s)
+        reports, events = self._feed.since(report_cursor), self._events[event_cursor:]
+        return Feed(reports, events, report_cursor + len(reports), event_cursor + len(events),
+                    over=self._closed and self._feed.done, incarnation=self._incarnation)
+
+    async def _until(self, condition: Any, timeout_s: float) -> bool:
+        """Wait until `condition()` holds (checked whenever a report settles or an event is recorded);
+        False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._fed.clear()
+            try:
+                await asyncio.wait_for(self._fed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    async def checkpoint_settled(self, generation: int, index: int,
+                                 timeout_s: float) -> tuple[CommittedCheckpoint | None, bool]:
+        """For `report(checkpoint_upload_mode=SYNC / NO_UPLOAD)`: wait until checkpoint `index` of
+        `generation` is committed, or known never to be (None); and whether `generation` is over."""
+        await self._adopted.wait()
+        await self._until(lambda: (generation, index) not in self._feed.awaiting(), timeout_s)
+        committed = next((c for c in self._commits.committed if (c.generation, c.index) == (generation, index)), None)
+        over = generation != self._generation or self._state not in (RunState.RUNNING, RunState.RESIZING)
+        return committed, over
+
+    async def reported_checkpoints(self, generation: int, index: int,
+                                   timeout_s: float) -> list[tuple[CommittedCheckpoint, dict[str, Any]]]:
+        """For `get_all_reported_checkpoints()`: once the checkpoints reported up to `index` of
+        `generation` are settled, the committed ones, oldest first, with the metrics reported beside them."""
+        await self._adopted.wait()
+        await self._until(lambda: not any(g == generation and i <= index for g, i in self._feed.awaiting()), timeout_s)
+        return [(c, c.metrics) for c in self._commits.committed]
+
+    async def upload_waited(self, worker_id: int, index: int, waited_s: float) -> None:
+        """A worker's report waited for its earlier checkpoints' uploads (storage behind the reports)."""
+        self._event("report_waited_for_upload", worker_id=worker_id, index=index, waited_s=round(waited_s, 3))
+
+    async def stop_run(self, reason: str) -> None:
+        """End the run cleanly, as if its loop had returned (Tune stopped the trial, say): members
+        leave their generation, the newest checkpoint in memory is stored, torn folders are swept."""
+        await self._adopted.wait()
+        if self._state.terminal or self._stopping is not None:
+            return
+        self._stopping = reason
+        self._event("stop_requested", reason=reason)
+        self._wake.set()
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index` of `generation` (see commits.py)."""
@@ -560,27 +702,76 @@ class Supervisor:
         entry = self._ledger.entries.get(index)
         if entry is not None and entry.generation == generation:
             entry.given_up = True
-            self._cadence.settled(index)
+            self._settled(generation, index, None)
         self._event("persist_given_up", worker_id=worker_id, index=index, reason=reason)
 
     async def preemption_notice(self, worker_id: int, source: str, seconds_left: float | None) -> None:
-        """A worker's machine is about to go: re-form the group without it at the next report,
-        while it still serves its checkpoint from memory."""
+        """A worker's machine is about to go (SIGTERM, a cloud's notice)."""
         w = await self._record(worker_id)
-        if w is None or w.leaving or w.status is WorkerStatus.LOST:
+        if w is not None:
+            self._notice(w, source, seconds_left)
+
+    def _notice(self, w: WorkerRecord, source: str, seconds_left: float | None) -> None:
+        """Re-form the group without a worker under a notice, while it still serves its checkpoint
+        from memory: at the next report; or, when the loop asks `get_preemption_info()`, at the report
+        after the call that tells it (the loop saves a checkpoint there, so no step is redone)."""
+        if w.leaving or w.status is WorkerStatus.LOST or self._state.terminal:
             return
         w.leaving = True
-        if source != "sigterm":  # a cloud's notice: the machine goes, its replacement is placed elsewhere
+        self._notices.noted(w.worker_id, seconds_left)
+        if source != "sigterm":  # the machine goes: its replacement is placed elsewhere
             self._pool.leaving_nodes.add(w.node_id)
-        self._event("preemption_notice", worker_id=worker_id, pid=w.pid, rank=w.rank, source=source,
-                    seconds_left=seconds_left)
+        self._event("preemption_notice", worker_id=w.worker_id, pid=w.pid, rank=w.rank, node=w.node_id,
+                    source=source, seconds_left=seconds_left)
         if self._state is RunState.RUNNING and self._is_member(w):
-            self._resize_at = self._max_index + 1
-            self._transition(RunState.RESIZING, reason=f"worker {worker_id} preempted")
+            if self._notices.preempted():
+                self._preemption = notices.preemption_info(self._leaving())
+                self._fail(f"preempted {self._notices.count} times, over FailureConfig.max_preemption_failures="
+                           f"{self._failure.max_preemption_failures}")
+                return
+            asks = self._generation in self._notices.asked_in
+            self._resize_at = None if asks else self._max_index + 1
+            self._transition(RunState.RESIZING, reason=f"worker {w.worker_id} preempted",
+                             at="the report after get_preemption_info()" if asks else "the next report")
         elif not self._is_member(w):
             release(w, Stop("left under a preemption notice"))  # a standby: nothing to hand over
         self._pool.top_up()
         self._wake.set()
+
+    def _leaving(self) -> list[notices.Leaving]:
+        return [notices.Leaving(m.rank, m.node_id, self._notices.deadlines.get(m.worker_id))
+                for m in self._members() if m.leaving]
+
+    async def preemption_info(self, worker_id: int, generation: int, call: int, index: int) -> tuple[bool, Any]:
+        """`get_preemption_info()` call number `call` of a member, made after report `index`: every
+        rank gets the same answer (see notices.py). Returns (accepted, info); not accepted: the
+        worker's generation is over."""
+        w = await self._record(worker_id)
+        if w is None or self._rejects(w, generation, index):
+            return False, None
+        info = await self._notices.agree(generation, call, w.rank, self._world_size, self._leaving)
+        if self._rejects(w, generation, index):
+            return False, None
+        if info is not None and self._state is RunState.RESIZING and self._resize_at is None:
+            self._resize_at = index + 1  # the loop saw the notice: it re-forms after its next report
+            self._event("resize_requested", at_report=self._resize_at, reason="the loop saw the preemption notice")
+        return True, info
+
+    async def _watch_ray_drains(self) -> None:
+        """Nodes that Ray drains (`ray drain-node`, KubeRay, the autoscaler) are preemption notices
+        for the workers on them."""
+        loop = asyncio.get_running_loop()
+        while not self._state.terminal:
+            try:
+                draining = await loop.run_in_executor(None, ray._private.state.state.get_draining_nodes)
+            except Exception as exc:  # noqa: BLE001 - a GCS hiccup: try again at the next poll
+                logger.warning("could not read Ray's draining nodes: %r", exc)
+                draining = {}
+            for w in list(self._pool.records.values()):
+                if w.node_id in draining and not w.leaving and w.status is not WorkerStatus.LOST:
+                    deadline = draining[w.node_id]
+                    self._notice(w, "ray_drain", max(0.0, deadline / 1000 - time.time()) if deadline else None)
+            await asyncio.sleep(self._elastic.preemption_poll_interval_s)
 
     async def worker_actor(self, worker_id: int) -> Any:
         """The actor handle of a worker (for fault injectors attached from outside)."""

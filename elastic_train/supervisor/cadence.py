@@ -1,12 +1,16 @@
 """Which reported checkpoints go to storage: the persistence cadence.
 
+By default every reported checkpoint is stored, in order (Ray Train's contract: users pick their
+best epoch among them). A cadence (`persist_every_n_reports`, `persist_interval_s`) is what a user
+opts into to store fewer: then, unless checkpoints are kept by score, a chosen checkpoint still
+waiting for its upload is replaced by a newer one, so the newest state goes next instead of a queue
+of stale ones. Checkpoints kept by score are all stored that are chosen: skipping one could lose the
+best.
+
 Why a decision in the supervisor: every rank reports its part of a checkpoint, and a checkpoint
 commits only when all parts are stored. If each worker chose by itself, slow storage would leave
 their uploads on different checkpoints and none would commit. The first report of a checkpoint
-decides for all ranks: every Nth reported checkpoint, or once `persist_interval_s` has passed; and,
-unless checkpoints are kept by score, only when no chosen checkpoint is still on its way, so the
-newest state goes next instead of a queue of stale ones. Checkpoints kept by score are all stored,
-in order: skipping one could lose the best.
+decides for all ranks.
 """
 
 from __future__ import annotations
@@ -22,13 +26,20 @@ class PersistCadence:
         self._in_flight: int | None = None  # the chosen checkpoint not yet committed or given up
 
     @property
+    def every(self) -> bool:
+        """No cadence was asked for: every reported checkpoint is stored."""
+        return self._config.persist_every_n_reports is None and self._config.persist_interval_s is None
+
+    @property
     def replaceable(self) -> bool:
         """May a newer checkpoint replace a chosen one still waiting for its upload?"""
-        return self._config.checkpoint_score_attribute is None
+        return not self.every and self._config.checkpoint_score_attribute is None
 
     def choose(self, index: int, now: float) -> bool:
         """Is reported checkpoint `index` to be stored?"""
         cfg = self._config
+        if self.every:
+            return True
         self._reports_since += 1
         due = (cfg.persist_every_n_reports is not None and self._reports_since >= cfg.persist_every_n_reports) or (
             cfg.persist_interval_s is not None and now - self._last_chosen >= cfg.persist_interval_s

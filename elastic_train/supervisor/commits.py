@@ -5,7 +5,6 @@ folders are removed, never one that a commit or a live worker's upload is still 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -15,7 +14,6 @@ from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
-from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.ledger import CheckpointLedger
 
 logger = logging.getLogger(__name__)
@@ -45,19 +43,21 @@ class Commits:
         storage: RunStorage,
         checkpointing: CheckpointConfig,
         ledger: CheckpointLedger,
-        cadence: PersistCadence,
         *,
+        settled: Callable[[int, int, CommittedCheckpoint | None], None],
         event: Callable[..., None],
         fail: Callable[[str], None],
         live_workers: Callable[[], set[int]],
         track: Callable[[Coroutine[Any, Any, None]], None],
     ):
-        """`event(kind, **details)` records an event, `fail(message)` fails the run (a permanent
-        storage error), `live_workers()` are those that may still upload, `track` runs a task."""
+        """`settled(generation, index, committed)` hears that checkpoint `index` of `generation` was
+        committed (or never will be: None), `event(kind, **details)` records an event, `fail(message)`
+        fails the run (a permanent storage error), `live_workers()` are those that may still upload,
+        `track` runs a task."""
         self._storage = storage
         self._checkpointing = checkpointing
         self._ledger = ledger
-        self._cadence = cadence
+        self._settled = settled
         self._event = event
         self._fail = fail
         self._live_workers = live_workers
@@ -107,39 +107,40 @@ class Commits:
             return
         try:
             # From here until `_commit` ends, no sweep or deletion of this process removes the folder.
-            self._storage.begin_commit(Attempt(index, generation))
+            self._storage.begin_commit(Attempt(index, generation, entry.dir_name))
         except CommitRefused as exc:
             entry.given_up = True
-            self._cadence.settled(index)
+            self._settled(generation, index, None)
             self._event("commit_refused", index=index, generation=generation, reason=str(exc))
             return
         entry.committed = True
         manifest = Manifest(step=index, generation=entry.generation, world_size=entry.world_size,
                             files=entry.file_facts(), metrics=entry.metrics or {},
                             loader_states=entry.loader_states)
-        self._track(self._commit(index, manifest))
+        self._track(self._commit(index, manifest, entry.dir_name))
 
-    async def _commit(self, index: int, manifest: Manifest) -> None:
+    async def _commit(self, index: int, manifest: Manifest, name: str | None) -> None:
         """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
         obsolete: older torn attempts, and checkpoints beyond retention."""
         loop = asyncio.get_running_loop()
-        attempt = Attempt(index, manifest.generation)
+        attempt = Attempt(index, manifest.generation, name)
         try:
             try:
-                stored = await loop.run_in_executor(None, self._storage.commit, index, manifest)
+                stored = await loop.run_in_executor(None, self._storage.commit, index, manifest, name)
                 # A new list, not a sort in place: a sweep on another thread reads it (a list being
-                # sorted looks empty meanwhile).
-                self.committed = sorted([*self.committed, stored], key=lambda c: c.attempt)
+                # sorted looks empty meanwhile). A named folder holds its newest commit only.
+                self.committed = sorted([*(c for c in self.committed if name is None or c.name != name), stored],
+                                        key=lambda c: c.attempt)
             finally:
                 self._storage.end_commit(attempt)
         except CommitRefused as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._cadence.settled(index)
+            self._settled(manifest.generation, index, None)
             self._event("commit_refused", index=index, generation=manifest.generation, reason=str(exc))
             return
         except TransientStorageError as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._cadence.settled(index)
+            self._settled(manifest.generation, index, None)
             self._event("commit_given_up", index=index, reason=str(exc))
             return
         except StorageError as exc:
@@ -147,11 +148,11 @@ class Commits:
             return
         self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
                     bytes=manifest.total_bytes)
-        self._cadence.settled(index)
+        self._settled(manifest.generation, index, stored)
         # A folder that a live worker may still upload a part into is not removed yet: removed under
         # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
         live = self._live_workers()
-        writing = {Attempt(i, e.generation) for i, e in list(self._ledger.entries.items())
+        writing = {Attempt(i, e.generation, e.dir_name) for i, e in list(self._ledger.entries.items())
                    if e.persist and any(wid in live and wid not in e.persisted for wid, _ in e.parts.values())}
         try:
             for torn in self._ledger.abandoned_before(index, live):
@@ -169,11 +170,11 @@ class Commits:
                 self.committed = [c for c in self.committed if c is not victim]
                 await loop.run_in_executor(None, self._storage.delete, victim.attempt)
 
-    async def close(self, retry_deadline_s: float, events: list[dict[str, Any]]) -> None:
+    async def close(self, retry_deadline_s: float) -> None:
         """The run is over and its workers are gone. A commit still under way (the last checkpoint's,
         retrying a slow store) may outlast them: wait for it, up to the storage retry deadline, so the
         run does not end before its manifest is written; then apply retention to what was spared
-        while workers wrote, sweep what no commit holds, and store the run's events."""
+        while workers wrote, and sweep what no commit holds."""
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(None, self._storage.wait_for_commits, retry_deadline_s):
             logger.warning("a checkpoint commit is still under way after storage_retry_deadline_s=%ss; its folder "
@@ -181,6 +182,5 @@ class Commits:
         try:
             await self._remove(retention_victims(self.committed, self._checkpointing))
             await loop.run_in_executor(None, self.sweep_torn)
-            await loop.run_in_executor(None, self._storage.write_text, "events.json", json.dumps(events, default=str))
         except StorageError as exc:
             logger.warning("could not tidy the run's folder: %s", exc)

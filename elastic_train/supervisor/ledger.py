@@ -22,13 +22,17 @@ class ReportEntry:
     parts: dict[int, tuple[int, list[str]]] = field(default_factory=dict)  # rank -> (worker id, names)
     replicas: dict[int, list[str]] = field(default_factory=dict)  # worker id -> names it keeps for a peer
     reported_ranks: set[int] = field(default_factory=set)
-    metrics: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None  # rank 0's: a committed checkpoint's manifest keeps them
+    metrics_by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
     loader_states: list[dict[str, Any]] = field(default_factory=list)
     persist: bool | None = None  # chosen by the persistence cadence when the first part is reported
     persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # worker id -> stored file facts
     committed: bool = False
     given_up: bool = False  # a part could not be stored: this index will never commit
     unwind: bool = False  # the group re-forms after this report (decided when the last rank reports it)
+    dir_name: str | None = None  # the folder the report named (`checkpoint_dir_name`); None: ours
+    registered: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
+    registered_by: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it
 
     @property
     def complete(self) -> bool:
@@ -40,8 +44,8 @@ class ReportEntry:
 
     @property
     def ready_to_commit(self) -> bool:
-        return (self.complete and bool(self.parts) and self.names <= set(self.file_facts())
-                and not self.committed and not self.given_up)
+        stored = (self.registered and bool(self.persisted)) or (bool(self.parts) and self.names <= set(self.file_facts()))
+        return self.complete and stored and not self.committed and not self.given_up
 
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory: its reporters, by rank, then replica keepers."""
@@ -69,11 +73,12 @@ class CheckpointLedger:
         rank: int,
         worker_id: int,
         names: list[str] | None,
-        metrics: dict[str, Any] | None,
+        metrics: dict[str, Any],
         loader_states: list[dict[str, Any]],
     ) -> ReportEntry:
         entry = self.entries.setdefault(index, ReportEntry(generation, world_size))
         entry.reported_ranks.add(rank)
+        entry.metrics_by_rank[rank] = metrics
         if names is not None:
             entry.parts[rank] = (worker_id, names)
         if rank == 0:
@@ -111,12 +116,14 @@ class CheckpointLedger:
         entry.persisted[worker_id] = facts
         return entry
 
-    def abandoned_before(self, index: int, live_workers: set[int]) -> list[tuple[int, int]]:
+    def abandoned_before(self, index: int, live_workers: set[int]) -> list[tuple[int, int, str | None]]:
         """Older checkpoints that stored some parts but will never commit (a newer one has): their
         folders are torn. Each is marked given up at once, and returned once, as (index,
-        generation), when no live worker may still be uploading a part of it (one told to store its
+        generation, folder name), when no live worker may still be uploading a part of it (one told to store its
         part that has not reported it stored): removing a folder under a writer would only leave it
-        to be recreated. Those are returned by a later call, or swept when the run ends."""
+        to be recreated. Those are returned by a later call, or swept when the run ends. A folder the
+        report named is not returned while another entry names it too (it is being written again)."""
+        names = {e.dir_name for i, e in self.entries.items() if i >= index and e.dir_name}
         found = []
         for i, e in self.entries.items():
             if i >= index or e.committed or not e.persisted:
@@ -125,7 +132,8 @@ class CheckpointLedger:
             if e.persist and any(wid in live_workers and wid not in e.persisted for wid, _ in e.parts.values()):
                 continue
             e.persisted.clear()
-            found.append((i, e.generation))
+            if e.dir_name not in names:
+                found.append((i, e.generation, e.dir_name))
         return sorted(found)
 
     def resume_plan(self, live_workers: set[int],

@@ -3,6 +3,7 @@ the actor gathers the facts, calls these, and carries out what they return."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -110,13 +111,28 @@ def restarting(members: list[Member], *, parked: int, waited_s: float, drain_tim
                scaling: ScalingConfig, error_counted: bool) -> Decision:
     """The generation ended: wait for its survivors to leave it, then re-form. `parked` counts the
     workers ready for the next generation (survivors and newcomers, none under a notice)."""
+    drained = _drained(members, waited_s, drain_timeout_s)
+    if drained is None:
+        return Decision(Do.WAIT)
+    do = Do.OPEN if parked >= scaling.min_workers else Do.SCHEDULE
+    return dataclasses.replace(drained, do=do, failure=_user_error(members, error_counted))
+
+
+def stopping(members: list[Member], *, waited_s: float, drain_timeout_s: float) -> Decision:
+    """A stop was asked and the generation ended: finish once its members have left it (those still
+    in after `drain_timeout_s` are dropped)."""
+    drained = _drained(members, waited_s, drain_timeout_s)
+    return Decision(Do.WAIT) if drained is None else dataclasses.replace(drained, do=Do.FINISH)
+
+
+def _drained(members: list[Member], waited_s: float, drain_timeout_s: float) -> Decision | None:
+    """None while members are still leaving the ended generation; then a decision (its `do` to be
+    set) that drops those still in after `drain_timeout_s`."""
     still_in = tuple(m.worker_id for m in members if m.exit is None and not m.lost)
     if still_in and waited_s <= drain_timeout_s:
-        return Decision(Do.WAIT)
-    failure = _user_error(members, error_counted)
+        return None
     reason = f"did not leave the generation within drain_timeout_s={drain_timeout_s}s" if still_in else ""
-    do = Do.OPEN if parked >= scaling.min_workers else Do.SCHEDULE
-    return Decision(do, reason, failure=failure, dropped=still_in)
+    return Decision(Do.WAIT, reason, dropped=still_in)
 
 
 def scheduling(*, parked: int, starting: int, first: bool, expected_initial: int, waited_s: float,

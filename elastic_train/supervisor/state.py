@@ -6,7 +6,7 @@
     RESIZING/RESTARTING --(every survivor parked)--> RUNNING (next generation), or SCHEDULING (< min)
     ADOPTING (a restarted supervisor) --(workers found)--> RUNNING (their generation goes on),
         RESTARTING (ranks of it are missing), or SCHEDULING (no generation yet)
-    any ---> FINISHED (the loop returned) | ERRORED (failures over budget, no capacity)
+    any ---> FINISHED (the loop returned, or a stop was asked) | ERRORED (failures over budget, no capacity)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class RunState(str, enum.Enum):
 
 _ALLOWED = {
     RunState.ADOPTING: {RunState.RUNNING, RunState.SCHEDULING, RunState.ERRORED},
-    RunState.SCHEDULING: {RunState.RUNNING, RunState.ERRORED},
+    RunState.SCHEDULING: {RunState.RUNNING, RunState.FINISHED, RunState.ERRORED},
     RunState.RUNNING: {RunState.RESIZING, RunState.RESTARTING, RunState.FINISHED, RunState.ERRORED},
     RunState.RESIZING: {RunState.RUNNING, RunState.RESTARTING, RunState.SCHEDULING, RunState.FINISHED,
                         RunState.ERRORED},

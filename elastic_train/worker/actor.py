@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from elastic_train.config import ElasticConfig
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Stop, WorkerInfo
+from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
@@ -49,6 +50,7 @@ class WorkerSpec:
     elastic: ElasticConfig
     storage: RunStorage
     run: RunInfo
+    initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
 
 
 def free_port() -> int:
@@ -76,7 +78,8 @@ class TrainWorker:
         self._session: TrainSession | None = None  # the last generation's session
         self._stopped = threading.Event()
         self._ended = threading.Event()
-        self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed)
+        self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed,
+                                    spec.elastic.max_queued_uploads)
         elastic = spec.elastic
         self._notices = NoticeWatcher(
             self._on_preemption_notice,
@@ -190,6 +193,8 @@ class TrainWorker:
             self._persister.submit,
             self._ended.is_set,
             self._spec.storage,
+            self._spec.elastic.persist_flush_timeout_s,
+            self._spec.initial_checkpoint,
         )
         set_session(session)
         self._session = session
@@ -206,12 +211,11 @@ class TrainWorker:
             outcome = Outcome(Exit.UNWOUND, generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor
             detail = traceback.format_exc()
-            if self._ended.is_set() or self._group.aborted:
-                outcome = Outcome(Exit.UNWOUND, generation, detail)
-            elif _is_collective_error(exc):
-                outcome = Outcome(Exit.COLLECTIVE_ERROR, generation, detail)
-            else:
-                outcome = Outcome(Exit.USER_ERROR, generation, detail)
+            ended = self._ended.is_set() or self._group.aborted
+            if _is_collective_error(exc):
+                outcome = Outcome(Exit.UNWOUND if ended else Exit.COLLECTIVE_ERROR, generation, detail)
+            else:  # after the generation ended it unwound; what it raised may still explain a failure
+                outcome = Outcome.user_error(generation, exc, detail, Exit.UNWOUND if ended else Exit.USER_ERROR)
         finally:
             set_session(None)
             session.close()
@@ -268,7 +272,7 @@ class TrainWorker:
         if obsolete(part, place):
             raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
-        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation)
+        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
         ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts))
 

@@ -1,10 +1,11 @@
 """Uploads a worker's checkpoint parts in the background, one at a time, newest first.
 
 Why: `report(checkpoint=...)` must cost the training loop no more than an in-memory snapshot. The
-upload runs on this thread instead; at most one is in flight, and a newer snapshot replaces one
-still waiting (its state is older, so storing it would only delay the newer one). A storage outage
-therefore slows persistence, never training: the upload is retried (`checkpoint/retry.py`), and
-when its retry deadline passes the snapshot is given up, with a warning, for the next one.
+upload runs on this thread instead, one at a time, in order. Under a cadence the user chose, a newer
+snapshot replaces one still waiting (its state is older, so storing it would only delay the newer
+one); otherwise every part is stored, and when `max_queued` parts already wait, `submit` waits too:
+memory stays bounded, and the loop slows to what storage takes. A storage outage is retried
+(`checkpoint/retry.py`); when its retry deadline passes the snapshot is given up, with a warning.
 
 A part of a generation that has since ended is dropped before its upload when the newer
 generation reports its index again (`obsolete`): the supervisor has forgotten that checkpoint, so
@@ -37,6 +38,7 @@ class PartUpload:
     files: dict[str, bytes]
     replaceable: bool = True  # a newer part may replace it while it waits
     final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
+    dir_name: str | None = None  # the folder the report named; None: the attempt's own
 
 
 class PartObsolete(Exception):
@@ -62,6 +64,7 @@ class Persister:
         upload: Callable[[PartUpload], None],
         on_given_up: Callable[[PartUpload, StorageError], None],
         on_failed: Callable[[PartUpload, StorageError], None],
+        max_queued: int,
     ):
         """`upload` stores a part (retrying transient errors itself; raising `PartObsolete` for a
         part no longer wanted); `on_given_up` hears of a part given up after its retry deadline,
@@ -69,6 +72,7 @@ class Persister:
         self._upload = upload
         self._on_given_up = on_given_up
         self._on_failed = on_failed
+        self._max_queued = max_queued
         self._pending: collections.deque[PartUpload] = collections.deque()
         self._busy = False
         self._closed = False
@@ -76,14 +80,19 @@ class Persister:
         self._thread = threading.Thread(target=self._run, name="elastic-persist", daemon=True)
         self._thread.start()
 
-    def submit(self, part: PartUpload) -> None:
+    def submit(self, part: PartUpload) -> float:
+        """Queue `part`; returns how long it waited for room (seconds)."""
+        started = time.monotonic()
         with self._changed:
+            self._changed.wait_for(lambda: len(self._pending) < self._max_queued or self._closed
+                                   or self._pending[-1].replaceable)
             if self._pending and self._pending[-1].replaceable:
                 logger.info("checkpoint %d replaced by %d before its upload started", self._pending[-1].index,
                             part.index)
                 self._pending.pop()
             self._pending.append(part)
             self._changed.notify_all()
+        return time.monotonic() - started
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every submitted part is stored or given up; False if `timeout_s` passed first."""
@@ -108,6 +117,7 @@ class Persister:
                 if not self._pending:
                     return
                 part, self._busy = self._pending.popleft(), True
+                self._changed.notify_all()  # room for a part that `submit` holds back
             try:
                 self._upload(part)
             except PartObsolete as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -17,13 +18,17 @@ from typing import Any, Callable, Protocol
 
 import ray
 
-from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files
-from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.protocol import HeldCheckpoint, ReportReply, ResumePlan
+from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local
+from elastic_train.checkpoint.modes import CheckpointUploadMode
+from elastic_train.checkpoint.storage import RunStorage, checkpoint_dirname
+from elastic_train.errors import CheckpointError
+from elastic_train.protocol import HeldCheckpoint, PreemptionInfo, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.persister import PartUpload
 
 logger = logging.getLogger(__name__)
+
+UPLOAD_WAIT_NOTED_S = 0.01  # a report that waited longer than this for room in the upload queue is an event
 
 
 class GenerationEnded(BaseException):
@@ -94,6 +99,8 @@ class TrainSession:
         persist: Callable[[PartUpload], None],
         generation_ended: Callable[[], bool],
         storage: RunStorage,
+        settle_timeout_s: float,
+        initial_checkpoint: Checkpoint | None = None,
     ):
         self.worker_id = worker_id
         self.context = context
@@ -103,6 +110,8 @@ class TrainSession:
         self._persist = persist
         self._generation_ended = generation_ended
         self._storage = storage
+        self._settle_timeout_s = settle_timeout_s  # how long SYNC / NO_UPLOAD reports wait for their commit
+        self._initial_checkpoint = initial_checkpoint  # resume_from_checkpoint: while the run has none of its own
         self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
@@ -111,34 +120,58 @@ class TrainSession:
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
         self._scratch: str | None = None
+        self._preemption_calls = 0
 
     # -- the user's API -------------------------------------------------------------------------
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
+               dir_name: str | None = None, mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC, delete_local: bool = False,
+               upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None) -> None:
         """Snapshot the checkpoint, tell the supervisor, hand the part to the persister; return once
-        every rank has made this report. `report()` is a barrier, as in Ray Train: no rank runs a
-        step ahead of a lost peer's last report, even in a loop with no collective, so at most one
-        step is redone; and the newest checkpoint every rank reported is the oldest this worker may
-        still need, never evicted by the snapshot kept here."""
+        every rank has made this report (and, for SYNC and NO_UPLOAD, once the checkpoint is
+        committed). `report()` is a barrier, as in Ray Train: no rank runs a step ahead of a lost
+        peer's last report, even in a loop with no collective, so at most one step is redone; and
+        the newest checkpoint every rank reported is the oldest this worker may still need, never
+        evicted by the snapshot kept here."""
         if self._generation_ended():
             raise GenerationEnded()
         self.index += 1
-        files = checkpoint.files() if checkpoint is not None else None
         assignment = self.context.assignment
+        files: dict[str, bytes] | None = None
+        registered = False
+        if checkpoint is not None:
+            if upload_fn is not None:  # the user's upload, into the run's folder; then registered as stored
+                dir_name = dir_name or checkpoint_dirname(self.index, assignment.generation)
+                checkpoint, mode = upload_fn(checkpoint, dir_name), CheckpointUploadMode.NO_UPLOAD
+            if mode is CheckpointUploadMode.NO_UPLOAD:
+                dir_name, registered = self._storage.name_of(checkpoint.path), True
+            else:
+                files = checkpoint.files()
+                if delete_local:
+                    self._delete_local(checkpoint)
         loader_states = [loader.loader_state() for loader in self._loaders]
         if files is not None:
             self._keep(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
                                       loader_states), files)
         reply = self._supervisor.report.remote(
-            self.worker_id,
-            assignment.generation,
-            self.index,
-            dict(metrics) if assignment.rank == 0 else None,
-            sorted(files) if files is not None else None,
-            loader_states,
-        )
+            self.worker_id, assignment.generation, self.index, dict(metrics),
+            sorted(files) if files is not None else None, loader_states, dir_name, registered)
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
-        if self._settle(self.index, reply, part):  # this report was made: the next generation resumes from it
+        unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
+        if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
+            self._wait_committed(self.index)
+        if unwind:
             raise GenerationEnded()
+
+    def preemption_info(self) -> PreemptionInfo | None:
+        """The same answer on every rank (see supervisor/notices.py)."""
+        if self._generation_ended():
+            raise GenerationEnded()
+        self._preemption_calls += 1
+        accepted, info = ray.get(self._supervisor.preemption_info.remote(
+            self.worker_id, self.context.assignment.generation, self._preemption_calls, self.index))
+        if not accepted:
+            raise GenerationEnded()
+        return info
 
     def get_checkpoint(self) -> Checkpoint | None:
         if not self._restored_loaded:
@@ -161,17 +194,58 @@ class TrainSession:
             logger.warning("report %d rejected: this worker was fenced out of generation %d",
                            index, self.context.assignment.generation)
             raise GenerationEnded()
+        if reply.list_stored:  # a checkpoint the loop stored itself: listed here, then committed
+            facts = self._storage.stored_facts(reply.dir_name)
+            ray.get(self._supervisor.part_persisted.remote(self.worker_id, self.context.assignment.generation, index,
+                                                           facts))
         if part is not None:
-            part.replaceable = reply.replaceable
+            part.replaceable, part.dir_name = reply.replaceable, reply.dir_name
             self.unpersisted = None if reply.persist else part
             if reply.persist:
-                self._persist(part)
+                waited = self._persist(part)
+                if waited > UPLOAD_WAIT_NOTED_S:
+                    self._supervisor.upload_waited.remote(self.worker_id, index, waited)
         return reply.unwind
+
+    def _wait_committed(self, index: int) -> None:
+        """SYNC / NO_UPLOAD: return once checkpoint `index` is committed in storage."""
+        generation = self.context.assignment.generation
+        committed, over = ray.get(self._supervisor.checkpoint_settled.remote(generation, index,
+                                                                            self._settle_timeout_s))
+        if committed is not None:
+            return
+        if over or self._generation_ended():  # a peer was lost before storing its part: the group re-forms
+            raise GenerationEnded()
+        raise CheckpointError(
+            f"the checkpoint of report {index} was not committed to {self._storage.url()} within "
+            f"persist_flush_timeout_s={self._settle_timeout_s}s (storage kept failing, or a part was given up); "
+            "see the run's events.")
+
+    def _delete_local(self, checkpoint: Checkpoint) -> None:
+        """`delete_local_checkpoint_after_upload`: remove the reported local folder once it is held in
+        memory. Never a folder in the run's storage, nor one holding it."""
+        if checkpoint.manifest is not None or not checkpoint.path or not is_local(checkpoint.filesystem):
+            return
+        folder = os.path.realpath(checkpoint.path)
+        run = os.path.realpath(self._storage.url()) if is_local(self._storage.fs) else ""
+        if run and (folder == run or folder.startswith(run + os.sep) or run.startswith(folder + os.sep)):
+            logger.warning("not deleting %s after the report: it is in the run's storage", folder)
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def reported_checkpoints(self, timeout_s: float | None) -> list[tuple[Checkpoint, dict[str, Any]]]:
+        """Every committed checkpoint of the run so far (after those this worker reported settle, or
+        `timeout_s`, by default persist_flush_timeout_s)."""
+        generation = self.context.assignment.generation
+        found = ray.get(self._supervisor.reported_checkpoints.remote(
+            generation, self.index, self._settle_timeout_s if timeout_s is None else timeout_s))
+        return [(Checkpoint(self._storage.folder(c.attempt), self._storage.fs, c.manifest), metrics)
+                for c, metrics in found]
 
     def _load_resume_checkpoint(self) -> Checkpoint | None:
         plan = self.context.assignment.resume
         if plan is None:
-            return None
+            return self._initial_checkpoint
         files = self._storage.read_verified(plan.stored) if plan.stored is not None else self._gather(plan)
         self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
         return checkpoint_from_files(files, self._scratch)
