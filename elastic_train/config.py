@@ -7,10 +7,12 @@ starts, with a message that names the problem and the fix.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import ConfigError
 
@@ -20,11 +22,36 @@ _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
 
 
+def _ray_only(fields: dict[str, str]) -> Callable[[type], type]:
+    """Fields of Ray Train's config that elastic_train does not have: passing one fails with what to
+    use instead, not with a bare TypeError."""
+    def wrap(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for name in sorted(kwargs.keys() & fields.keys()):
+                raise ConfigError(f"{cls.__name__}({name}=...) is Ray Train's; elastic_train does not support it: "
+                                  f"{fields[name]}.")
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+    return wrap
+
+
 def _check_positive(owner: str, name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{owner}.{name} must be a positive number of seconds, got {value!r}.")
 
 
+@_ray_only({
+    "use_tpu": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
+    "topology": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
+    "accelerator_type": "ask for it as a resource, resources_per_worker={'accelerator_type:A100': 0.001}",
+    "trainer_resources": "the supervisor takes no resources, and the driver runs where fit() is called",
+    "label_selector": "place workers with custom node resources in resources_per_worker",
+})
 @dataclass(frozen=True)
 class ScalingConfig:
     """How many workers to run and what each one needs.
@@ -92,6 +119,13 @@ class ScalingConfig:
         return resources
 
 
+@_ray_only({
+    "controller_failure_limit": "Ray restarts the supervisor up to ElasticConfig.supervisor_max_restarts times",
+    "relax_collectives_on_preemption": "a preemption notice re-forms the group right after a report "
+                                       "(see get_preemption_info)",
+    "preemption_grace_s": "a worker under SIGTERM stays up ElasticConfig.preemption_sigterm_grace_s to hand "
+                          "its state over",
+})
 @dataclass(frozen=True)
 class FailureConfig:
     """How many failures of the user's code the run survives before it is declared failed.
@@ -102,25 +136,33 @@ class FailureConfig:
 
     max_failures: int = 0
     count_worker_loss: bool = False
+    max_preemption_failures: int = -1
+    """Preemptions the run survives (Ray Train's budget of its own, apart from `max_failures`); when
+    spent, `fit()` raises `PreemptionError`. -1: no limit."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_failures, int) or isinstance(self.max_failures, bool) or self.max_failures < -1:
-            raise ConfigError(
-                f"FailureConfig.max_failures={self.max_failures!r}: use an integer >= 0, or -1 for no limit."
-            )
+        for name in ("max_failures", "max_preemption_failures"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ConfigError(f"FailureConfig.{name}={value!r}: use an integer >= 0, or -1 for no limit.")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Which persisted checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest."""
+    """Which persisted checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest.
+
+    By default every reported checkpoint is persisted, in order, none skipped (Ray Train's contract).
+    Setting `persist_every_n_reports` or `persist_interval_s` opts into a cadence: the checkpoints
+    between are kept in workers' memory only, and one waiting for an upload may be replaced by a newer.
+    """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
-    persist_every_n_reports: int | None = 1
+    persist_every_n_reports: int | None = None
     """Persist every Nth reported checkpoint to storage (the others live in workers' memory only)."""
     persist_interval_s: float | None = None
-    """Also persist a reported checkpoint when this long has passed since the last persisted one."""
+    """Persist a reported checkpoint when this long has passed since the last persisted one."""
 
     def __post_init__(self) -> None:
         n = self.persist_every_n_reports
@@ -129,11 +171,6 @@ class CheckpointConfig:
         if self.persist_interval_s is not None and not self.persist_interval_s > 0:
             raise ConfigError(
                 f"CheckpointConfig.persist_interval_s={self.persist_interval_s!r}: use a number of seconds > 0, or None."
-            )
-        if n is None and self.persist_interval_s is None:
-            raise ConfigError(
-                "CheckpointConfig: persist_every_n_reports and persist_interval_s are both None, so no checkpoint "
-                "would ever reach storage; set one of them."
             )
         if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
             raise ConfigError(
@@ -197,6 +234,10 @@ class ElasticConfig:
     """How long one storage operation is retried; then that checkpoint is given up (training goes on)."""
     persist_flush_timeout_s: float = 600.0
     """How long a finishing worker waits for its last checkpoint to reach storage."""
+    max_queued_uploads: int = 2
+    """Reported checkpoint parts a worker keeps waiting for their upload. When storage falls behind the
+    reports, a report waits for room (memory stays bounded; the wait is a `report_waited_for_upload`
+    event) rather than drop a checkpoint."""
     preemption_sigterm: bool = True
     """Treat SIGTERM to a worker process as a preemption notice (the worker leaves at the next report) rather than a crash."""
     preemption_sigterm_grace_s: float = 30.0
@@ -206,7 +247,14 @@ class ElasticConfig:
     preemption_metadata_url: str | None = None
     """Base URL of the metadata service, instead of each cloud's own (a proxy, or a test server)."""
     preemption_poll_interval_s: float = 1.0
-    """How often the pollers ask for a preemption notice."""
+    """How often the pollers (and the supervisor, for Ray's draining nodes) ask for a preemption notice."""
+    watch_ray_drains: bool = True
+    """Treat a node that Ray drains (`ray drain-node`, KubeRay's SIGTERM handling, the autoscaler) as a
+    preemption notice for the workers on it."""
+    run_record_interval_s: float = 5.0
+    """How often the driver writes the run record (rank 0's metrics, the events) to the run's folder
+    while the run goes on (`run_record.py`), so `Result.from_path` finds them if the driver dies; also
+    the longest one of its calls for new reports waits."""
 
     def storage_retry(self) -> RetryPolicy:
         return RetryPolicy(self.storage_retry_initial_s, self.storage_retry_max_s, self.storage_retry_deadline_s)
@@ -239,6 +287,8 @@ class ElasticConfig:
             )
         if self.supervisor_max_restarts < -1:
             raise ConfigError("ElasticConfig.supervisor_max_restarts must be -1 (always restart), 0 or more.")
+        if self.max_queued_uploads < 1:
+            raise ConfigError("ElasticConfig.max_queued_uploads must be at least 1.")
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
         if self.snapshot_memory_retain_mb is not None and self.snapshot_memory_retain_mb < 1:
@@ -246,6 +296,12 @@ class ElasticConfig:
                               "the allocator's defaults.")
 
 
+@_ray_only({
+    "storage_filesystem": "pass an fsspec URL as storage_path and its options as storage_options",
+    "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
+    "logging_config": "configure Python's logging in the loop",
+    "sync_config": "checkpoints are written to storage_path directly",
+})
 @dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its results and how it handles checkpoints and failures."""
@@ -256,8 +312,15 @@ class RunConfig:
     failure_config: FailureConfig | None = None
     elastic_config: ElasticConfig | None = None
     storage_options: Mapping[str, Any] | None = None
+    callbacks: list[UserCallback] | None = None
+    """Called in the driver process as the run goes (`callbacks.py`)."""
 
     def __post_init__(self) -> None:
+        wrong = [type(c).__name__ for c in self.callbacks or () if not isinstance(c, UserCallback)]
+        if wrong:
+            raise ConfigError(
+                f"RunConfig.callbacks: {', '.join(wrong)} is not an elastic_train.UserCallback; subclass it."
+            )
         for attr, cls in (
             ("checkpoint_config", CheckpointConfig),
             ("failure_config", FailureConfig),

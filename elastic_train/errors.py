@@ -2,16 +2,79 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elastic_train.protocol import PreemptionInfo
+
 
 class ConfigError(ValueError):
     """A configuration is invalid; the message names the problem and the fix."""
 
 
 class TrainingFailedError(RuntimeError):
-    """The run failed: user code raised more often than `max_failures` allows, or capacity never came.
+    """The run failed (Ray Train's `ray.train.TrainingFailedError`): `fit()` raises one of its
+    subclasses, `WorkerGroupError`, `ControllerError` or `PreemptionError`.
 
-    `str(error)` carries the original traceback from the worker that raised.
+    `str(error)` carries the original traceback from the worker that raised. Pickling keeps the
+    subclass, its fields and the notes (`__reduce__`), so an error crosses processes whole (Tune
+    sends a trial's error to its driver).
     """
+
+    def __reduce__(self) -> tuple:
+        return self.__class__, self._reduce_args(), dict(self.__dict__)
+
+    def _reduce_args(self) -> tuple:
+        return self.args
+
+
+class WorkerGroupError(TrainingFailedError):
+    """The user's code raised on workers more often than `FailureConfig.max_failures` allows.
+
+    `worker_failures` maps each world rank that raised (in the failure that ended the run) to its
+    exception; the worker's traceback is in the exception's `__notes__`. An exception that could not
+    be pickled on its way from the worker arrives as a RuntimeError whose message is the traceback.
+    """
+
+    def __init__(self, error_message: str, worker_failures: dict[int, BaseException]):
+        super().__init__("Training failed due to worker errors:\n" + error_message)
+        self._error_message = error_message
+        self.worker_failures = worker_failures
+
+    def _reduce_args(self) -> tuple:
+        return self._error_message, self.worker_failures
+
+
+class ControllerError(TrainingFailedError):
+    """The run failed outside the user's code: capacity never came (`min_workers_timeout_s`),
+    storage refused a write, the supervisor died for good, or a `UserCallback` raised (as in Ray
+    Train, a callback's error fails the run). `controller_failure` is the underlying exception."""
+
+    def __init__(self, controller_failure: BaseException):
+        super().__init__("Training failed due to controller error:\n" + str(controller_failure))
+        self.controller_failure = controller_failure
+        self.with_traceback(controller_failure.__traceback__)
+
+    def _reduce_args(self) -> tuple:
+        return (self.controller_failure,)
+
+
+class PreemptionError(TrainingFailedError):
+    """Preemptions spent `FailureConfig.max_preemption_failures`, a budget of their own, apart from
+    `max_failures` (which counts real failures). `preemption_info` says which nodes and ranks the
+    last notice named. `drain_timed_out` is Ray's field: True when the workers were ended because
+    the reclaim deadline passed before they left."""
+
+    def __init__(self, preemption_info: PreemptionInfo, drain_timed_out: bool = False):
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+        super().__init__(
+            "Training was interrupted by node preemption "
+            f"(preempted_ranks={preemption_info.preempted_ranks}, drain_timed_out={drain_timed_out})."
+        )
+
+    def _reduce_args(self) -> tuple:
+        return self.preemption_info, self.drain_timed_out
 
 
 class CheckpointError(RuntimeError):

@@ -1,12 +1,31 @@
-"""`Result`: what `TorchTrainer.fit()` returns (Ray Train's names)."""
+"""`Result`: what `TorchTrainer.fit()` returns, or `Result.from_path` reads back (Ray Train's names)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.errors import TrainingFailedError
+from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.run_record import EVENTS, HISTORY_KEYS, METRICS, RUN, read_json
+
+
+def stored_checkpoint(storage: RunStorage, committed: CommittedCheckpoint) -> Checkpoint:
+    """The `Checkpoint` of a committed checkpoint: its files are read through its manifest."""
+    return Checkpoint(storage.folder(committed.attempt), storage.fs, committed.manifest)
+
+
+def _lookup(metrics: Mapping[str, Any], metric: str) -> Any:
+    """`metrics[metric]`, where "a/b" also reaches `metrics["a"]["b"]` (as Ray's lookup); None if absent."""
+    if metric in metrics:
+        return metrics[metric]
+    value: Any = metrics
+    for part in metric.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 @dataclass
@@ -18,10 +37,14 @@ class Result:
     path: str
     """The run's folder in storage."""
     error: TrainingFailedError | None = None
-    """Why the run failed, with the original traceback; None if it finished."""
+    """Why the run failed, with the original traceback; None if it finished. `fit()` raises this error
+    rather than return it (as Ray Train): it is set by `Result.from_path` for a run that failed, and
+    in the `Result` that `UserCallback.on_run_end` receives."""
     metrics_history: list[dict[str, Any]] = field(default_factory=list)
+    """Rank 0's metrics of every report, in order."""
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
-    """The kept checkpoints with the metrics reported beside them, oldest first."""
+    """Every committed checkpoint that retention (`CheckpointConfig.num_to_keep`) kept, with the
+    metrics reported beside it, oldest first."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """The supervisor's timeline: generations, lost workers, fenced writes, state changes."""
 
@@ -36,3 +59,45 @@ class Result:
     def world_sizes(self) -> list[int]:
         """The world size of every generation, in order."""
         return [e["world_size"] for e in self.events if e["kind"] == "generation"]
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The kept checkpoint whose reported `metric` is the largest (`mode="max"`) or smallest
+        (`"min"`); checkpoints reported without that metric are left out (Ray Train's rules: a
+        RuntimeError when there is no checkpoint, or none has the metric)."""
+        if not self.best_checkpoints:
+            raise RuntimeError(f"No checkpoint exists in the run folder {self.path}!")
+        if mode not in ("max", "min"):
+            raise ValueError(f'Unsupported mode: {mode}. Please choose from ["min", "max"]!')
+        valid = [(c, m) for c, m in self.best_checkpoints if _lookup(m, metric) is not None]
+        if not valid:
+            raise RuntimeError(f"Invalid metric name {metric}! You may choose from the following metrics: "
+                               f"{sorted(self.metrics)}.")
+        pick = max if mode == "max" else min
+        return pick(valid, key=lambda entry: _lookup(entry[1], metric))[0]
+
+    @classmethod
+    def from_path(cls, path: str, storage_options: Mapping[str, Any] | None = None) -> "Result":
+        """The result of the run whose folder is `path` (a `Result.path`; any fsspec URL, with the
+        `storage_options` the run used), read from its record (`run_record.py`) and the manifests of
+        its committed checkpoints. Works for a run under way, and after its driver died: the metrics
+        and events are then those written up to `ElasticConfig.run_record_interval_s` before.
+        `error` is set when the run failed: a `TrainingFailedError` with the message (and the
+        traceback) that `fit()` raised. Nothing in the folder is unpickled."""
+        storage = RunStorage.at(path, storage_options)
+        run = read_json(storage, RUN, None)
+        committed = storage.committed()
+        if run is None and not committed:
+            raise ConfigError(f"Result.from_path({path!r}): no run record ({RUN}) and no committed checkpoint "
+                              "there. Pass a run's folder (its Result.path), with the storage_options it used.")
+        history = read_json(storage, METRICS, [])
+        failure = (run or {}).get("error")
+        checkpoints = [(stored_checkpoint(storage, c), c.metrics) for c in committed]
+        return cls(
+            metrics={k: v for k, v in history[-1].items() if k not in HISTORY_KEYS} if history else {},
+            checkpoint=checkpoints[-1][0] if checkpoints else None,
+            path=storage.url(),
+            error=TrainingFailedError(failure["message"]) if failure else None,
+            metrics_history=history,
+            best_checkpoints=checkpoints,
+            events=read_json(storage, EVENTS, []),
+        )

@@ -1,11 +1,18 @@
-"""`TorchTrainer`: validates the user's input, starts the supervisor, and turns its summary into a
-`Result`. Everything that can be wrong with the input fails here, before any actor starts."""
+"""`TorchTrainer`: validates the user's input, starts the supervisor, follows the run from the
+driver (callbacks, the run record), and turns its summary into a `Result` or the error `fit()`
+raises. Everything that can be wrong with the input fails here, before any actor starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
+import json
 import logging
+import sys
+import threading
+import uuid
+import warnings
 from typing import Any, Callable, Mapping
 
 import ray
@@ -19,11 +26,16 @@ from elastic_train.config import (
     ScalingConfig,
     checked_options,
 )
-from elastic_train.errors import ConfigError, TrainingFailedError
-from elastic_train.result import Result
+from elastic_train.callbacks import CallbackRunner, TrainRunContext
+from elastic_train.errors import ConfigError, ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
+from elastic_train.protocol import Feed
+from elastic_train.result import Result, stored_checkpoint
+from elastic_train.run_record import RUN, RunRecord, load_trainer, read_json
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.supervisor.actor import Supervisor
+from elastic_train.supervisor.actor import RunSummary, Supervisor
 from elastic_train.supervisor.state import RunState
+from elastic_train.torch.config import TorchConfig
+from elastic_train.unsupported import TRAIN_NAMES
 from elastic_train.worker.actor import WorkerSpec
 from elastic_train.worker.context import RunInfo
 
@@ -86,39 +98,153 @@ def supervisor_name(run_name: str) -> str:
 
 
 class TorchTrainer:
-    """Runs `train_loop_per_worker` on elastic, fault-tolerant workers (Ray Train's API)."""
+    """Runs `train_loop_per_worker` on elastic, fault-tolerant workers (Ray Train's API).
+
+    `torch_config` sets up each generation's process group (backend; its `timeout_s` replaces
+    `ElasticConfig.collective_timeout_s`). `metadata` reaches the loop as
+    `get_context().get_metadata()`. `resume_from_checkpoint` is what `get_checkpoint()` returns when
+    the run has no checkpoint of its own yet (in storage, from an earlier run with this name, or in
+    the workers' memory); a dict checkpoint travels with the run, a directory one must be readable
+    where the workers run (shared storage, or a URL). Ray Data (`datasets`, `dataset_config`) and
+    Ray's checkpoint validation (`validation_config`) are not supported: a `ConfigError` names what
+    to use instead.
+    """
 
     def __init__(
         self,
         train_loop_per_worker: Callable[..., Any],
         *,
         train_loop_config: dict[str, Any] | None = None,
+        torch_config: TorchConfig | None = None,
         scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
         run_config: RunConfig | Mapping[str, Any] | None = None,
+        datasets: Mapping[str, Any] | None = None,
+        dataset_config: Any = None,
+        validation_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
     ):
+        for arg, value, instead in (("datasets", datasets, "DataConfig"), ("dataset_config", dataset_config,
+                                    "DataConfig"), ("validation_config", validation_config, "ValidationConfig")):
+            if value:
+                raise ConfigError(f"TorchTrainer({arg}=...): {TRAIN_NAMES[instead]}")
         self._loop_takes_config = _check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise ConfigError(f"torch_config must be an elastic_train.torch.TorchConfig, got {type(torch_config).__name__}.")
+        self.torch_config = torch_config
         self.scaling_config: ScalingConfig = _as_config(ScalingConfig, scaling_config, "scaling_config")
         self.run_config: RunConfig = _as_config(RunConfig, run_config, "run_config")
+        self.metadata = _checked_metadata(metadata)
+        if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
+            raise ConfigError("resume_from_checkpoint must be an elastic_train.Checkpoint, got "
+                              f"{type(resume_from_checkpoint).__name__}.")
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self._backend = (torch_config or TorchConfig()).resolve_backend(self.scaling_config.use_gpu)
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What `stop()` shares with the `fit()` under way (not pickled: each copy fits on its own)."""
+        self._lock = threading.Lock()
+        self._fitting = False
+        self._supervisor: Any = None
+        self._stop_reason: str | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for private in ("_lock", "_fitting", "_supervisor", "_stop_reason", "_idle"):
+            del state[private]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_run_state()
 
     @classmethod
-    def restore(cls, path: str, train_loop_per_worker: Callable[..., Any], **kwargs: Any) -> "TorchTrainer":
-        """A trainer that resumes the run stored at `path` from its newest committed checkpoint."""
-        run_config = kwargs.pop("run_config", None) or RunConfig()
-        storage = RunStorage.at(path, run_config.storage_options)
-        if not storage.committed():
+    def restore(
+        cls,
+        path: str,
+        train_loop_per_worker: Callable[..., Any] | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> "TorchTrainer":
+        """A trainer that goes on with the run stored at `path` (a `Result.path`), from its newest
+        committed checkpoint; its `fit()` is the run's next.
+
+        Without `train_loop_per_worker`, the loop and the trainer's other arguments are loaded from
+        the run's `trainer.pkl`, which `fit()` wrote with cloudpickle. **This unpickles, that is
+        runs, code read from storage: only restore runs from storage that only you can write.** The
+        loop's module must be importable here. Pass the loop to read nothing but JSON and manifests.
+        `kwargs` (any `TorchTrainer` argument: `run_config` to add callbacks, `train_loop_config`,
+        `scaling_config`, ...) replace the stored ones. `storage_options` (or those of the
+        `run_config` passed) open the path: credentials are never stored in the run's folder.
+        """
+        run_config = kwargs.pop("run_config", None)
+        run_config = _as_config(RunConfig, run_config, "run_config") if run_config is not None else None
+        if storage_options is None and run_config is not None:
+            storage_options = run_config.storage_options
+        storage = RunStorage.at(path, storage_options)
+        if read_json(storage, RUN, None) is None and not storage.committed():
             raise ConfigError(
-                f"TorchTrainer.restore({path!r}): no committed checkpoint there. Pass the folder of an earlier run "
-                "(its Result.path), with the same RunConfig.storage_options."
+                f"TorchTrainer.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
+                "the folder of an earlier run (its Result.path), with the storage_options it used."
             )
-        run_config = RunConfig(**{**run_config.__dict__, "storage_path": storage.storage_path, "name": storage.name})
+        if train_loop_per_worker is None:
+            stored = load_trainer(storage)
+            train_loop_per_worker = stored.pop("train_loop_per_worker")
+            stored_run_config = stored.pop("run_config")
+            run_config = run_config or stored_run_config
+            kwargs = {**stored, **kwargs}
+        run_config = dataclasses.replace(run_config or RunConfig(), storage_path=storage.storage_path,
+                                         name=storage.name, storage_options=storage_options)
         return cls(train_loop_per_worker, run_config=run_config, **kwargs)
 
+    def stop(self, reason: str, timeout_s: float | None = None) -> bool:
+        """End the `fit()` under way cleanly, from another thread (Tune's trial clean-up calls it):
+        the members leave, the newest checkpoint in memory is committed, and `fit()` returns its
+        `Result`. Waits up to `timeout_s` (None: as long as it takes) for `fit()` to return;
+        True once it has, or when none was under way."""
+        with self._lock:
+            if not self._fitting:
+                return True
+            self._stop_reason = reason
+            supervisor = self._supervisor
+        if supervisor is not None:  # else fit() asks for the stop as soon as its supervisor exists
+            supervisor.stop_run.remote(reason)
+        return self._idle.wait(timeout_s)
+
     def fit(self) -> Result:
+        """Run the training to its end and return its `Result`.
+
+        Raises `TrainingFailedError` when the run fails, as Ray Train does: `WorkerGroupError` (the
+        user's code raised more often than `FailureConfig.max_failures` allows; `worker_failures`
+        maps each rank to its exception), `PreemptionError` (preemptions spent
+        `max_preemption_failures`), or `ControllerError` (anything else: capacity never came,
+        storage refused, a callback raised). `Result.from_path(path)` of the run's folder still
+        reads what the run left: its metrics, events and committed checkpoints.
+        """
+        with self._lock:
+            if self._fitting:
+                raise ConfigError("fit() is already running on this trainer; make another TorchTrainer to run another.")
+            self._fitting = True
+            self._idle.clear()
+        try:
+            return self._fit()
+        finally:
+            with self._lock:
+                self._fitting, self._supervisor, self._stop_reason = False, None, None
+                self._idle.set()
+
+    def _fit(self) -> Result:
         run = self.run_config
         name = run.name or f"TorchTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
         elastic = run.elastic_config or ElasticConfig()
+        if self.torch_config is not None:
+            elastic = dataclasses.replace(elastic, collective_timeout_s=float(self.torch_config.timeout_s))
         storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry())
         if storage.process_local:
             raise ConfigError(
@@ -126,13 +252,15 @@ class TorchTrainer:
                 "processes of their own. Use a local folder or an object store (s3://...)."
             )
         storage.check_writable()
+        trial_name, trial_id = _tune_trial()
         spec = WorkerSpec(
             train_fn=self.train_loop_per_worker,
             train_config=(self.train_loop_config or {}) if self._loop_takes_config else None,
-            backend="nccl" if self.scaling_config.use_gpu else "gloo",
+            backend=self._backend,
             elastic=elastic,
             storage=storage,
-            run=RunInfo(name),
+            run=RunInfo(name, trial_name, trial_id, self.metadata),
+            initial_checkpoint=self.resume_from_checkpoint,
         )
         if not ray.is_initialized():
             ray.init()
@@ -141,26 +269,41 @@ class TorchTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
+        record = RunRecord(storage, self._config_record(), elastic.run_record_interval_s)
+        record.start(self._stored_arguments())
+        callbacks = CallbackRunner(list(run.callbacks or ()), TrainRunContext(
+            run_id=uuid.uuid4().hex, name=name, path=storage.url(), run_config=run,
+            train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
+            torch_config=self.torch_config or TorchConfig(), metadata=self.metadata, trial_name=trial_name,
+            trial_id=trial_id))
         supervisor = ray.remote(Supervisor).options(
             name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
             # Ray restarts a dead supervisor, and re-sends the calls it had in flight (this one's too).
             max_restarts=elastic.supervisor_max_restarts, max_task_retries=-1,
+            # Never in the caller's placement group (a Tune trial's bundle holds only its driver): the
+            # supervisor places the workers itself.
+            scheduling_strategy="DEFAULT",
         ).remote(
             spec,
             self.scaling_config,
             run.failure_config or FailureConfig(),
             run.checkpoint_config or CheckpointConfig(),
         )
+        with self._lock:
+            self._supervisor, stop_reason = supervisor, self._stop_reason
+        if stop_reason is not None:
+            supervisor.stop_run.remote(stop_reason)
         try:
-            summary = ray.get(supervisor.run.remote())
+            summary = _follow(supervisor, callbacks, record, storage, elastic.run_record_interval_s)
+        except ray.exceptions.RayError as exc:  # the supervisor died for good, or its run() raised
+            error = ControllerError(exc)
+            record.finish("errored", error=error)
+            raise error from exc
         finally:
             ray.kill(supervisor)
-        checkpoints = [(Checkpoint(storage.folder(c.attempt), storage.fs, c.manifest), c.metrics)
-                       for c in summary.checkpoints]
-        error = None
-        if summary.state is RunState.ERRORED:
-            error = TrainingFailedError(f"Training failed:\n{summary.error}")
-        return Result(
+        error = _failure(summary)
+        checkpoints = [(stored_checkpoint(storage, c), c.metrics) for c in summary.checkpoints]
+        result = Result(
             metrics=summary.metrics,
             checkpoint=checkpoints[-1][0] if checkpoints else None,
             path=storage.url(),
@@ -169,6 +312,149 @@ class TorchTrainer:
             best_checkpoints=checkpoints,
             events=summary.events,
         )
+        try:
+            callbacks("on_run_end", result)
+        except ControllerError as callback_error:
+            if error is not None:
+                logger.warning("on_run_end raised after the run failed; fit() raises the run's error: %s",
+                               callback_error)
+            else:
+                error = result.error = callback_error
+        record.finish("errored" if error is not None else summary.state.value, summary, error)
+        if error is not None:
+            raise error
+        return result
+
+    def _config_record(self) -> dict[str, Any]:
+        """The trainer's arguments as the run record's JSON shows them (callbacks by class name,
+        storage options by key: credentials stay out of storage)."""
+        run = {f.name: getattr(self.run_config, f.name) for f in dataclasses.fields(RunConfig)}
+        run["callbacks"] = [type(c).__name__ for c in run["callbacks"] or ()]
+        run["storage_options"] = sorted(run["storage_options"] or ())
+        return {"train_loop_config": self.train_loop_config, "scaling_config": self.scaling_config, "run_config": run,
+                "torch_config": self.torch_config, "metadata": self.metadata}
+
+    def _stored_arguments(self) -> dict[str, Any]:
+        """What `trainer.pkl` keeps for `restore()`: the loop and the arguments of a new trainer,
+        without callbacks (objects of the driver's), storage credentials or resume_from_checkpoint
+        (a restored run resumes from its own checkpoints)."""
+        return {"train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
+                "torch_config": self.torch_config, "scaling_config": self.scaling_config,
+                "run_config": dataclasses.replace(self.run_config, callbacks=None, storage_options=None),
+                "metadata": self.metadata}
+
+    # -- Ray Tune: `tune.Tuner(TorchTrainer(...), param_space=...)` runs this trainer as a trainable
+    # (Tune's wrap_function reads `__call__` and `__mixins__`; `_name` names the experiment and its trials).
+    _name = "TorchTrainer"
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        """One Tune trial: fit this trainer with the trial's config over its arguments (elastic_train.tune)."""
+        from elastic_train.tune import run_trial
+
+        run_trial(self, config)
+
+    @property
+    def __mixins__(self) -> tuple[type, ...]:
+        """A base class for the trial's trainable: it ends the run cleanly when Tune stops the trial."""
+        from elastic_train.tune import TrialMixin
+
+        return (TrialMixin,)
+
+
+def _checked_metadata(metadata: Any) -> dict[str, Any]:
+    """TorchTrainer(metadata=...): a dict that JSON can hold (it is kept in the run record)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}.")
+    try:
+        json.dumps(dict(metadata))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"metadata must be JSON-serializable (strings, numbers, lists, dicts): {exc}.") from exc
+    return dict(metadata)
+
+
+def _tune_trial() -> tuple[str | None, str | None]:
+    """The name and id of the Ray Tune trial this fit() runs in; (None, None) outside Tune. A trial
+    runs with ray.tune imported: without it there is none, and nothing is imported to find out."""
+    if "ray.tune" not in sys.modules:
+        return None, None
+    import ray.tune
+
+    with warnings.catch_warnings():  # outside a trial, Ray warns that there is no trial, and answers None
+        warnings.simplefilter("ignore")
+        context = ray.tune.get_context()
+        return context.get_trial_name(), context.get_trial_id()
+
+
+def _failure(summary: RunSummary) -> TrainingFailedError | None:
+    """The error `fit()` raises for a run that ended ERRORED; None for one that finished."""
+    if summary.state is not RunState.ERRORED:
+        return None
+    if summary.preemption is not None:
+        error: TrainingFailedError = PreemptionError(summary.preemption)
+        if summary.error:
+            error.add_note(summary.error)
+        return error
+    if summary.worker_failures:
+        return WorkerGroupError(summary.error or "", summary.worker_failures)
+    return ControllerError(RuntimeError(summary.error))
+
+
+class _Dispatch:
+    """Hands each feed of the supervisor to the callbacks, in order, and to the run record."""
+
+    def __init__(self, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage):
+        self._callbacks = callbacks
+        self._record = record
+        self._storage = storage
+        self._world_size: int | None = None
+
+    def __call__(self, feed: Feed) -> None:
+        for report in feed.reports:
+            checkpoint = stored_checkpoint(self._storage, report.checkpoint) if report.checkpoint else None
+            self._callbacks("after_report", report.metrics, checkpoint)
+        for event in feed.events:
+            if event["kind"] == "generation":
+                if self._world_size is not None and event["world_size"] != self._world_size:
+                    self._callbacks("after_resize", self._world_size, event["world_size"])
+                self._world_size = event["world_size"]
+            elif event["kind"] == "failure" and event.get("worker_failures"):
+                self._callbacks("after_exception", event["worker_failures"])
+        self._record.add(feed.reports, feed.events)
+
+
+def _follow(supervisor: Any, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage,
+            interval_s: float) -> RunSummary:
+    """Start the supervisor's run and follow it until it ends: long-poll the supervisor's feed (at most
+    `interval_s` per call, so the record is written on time) and dispatch it; returns the summary.
+
+    A callback's error (a `ControllerError`), or a `BaseException` raised in this thread (Tune's
+    `SystemExit` from a callback, `KeyboardInterrupt`) stops the run cleanly, waits for it to end,
+    records it, and propagates."""
+    run = supervisor.run.remote()
+    dispatch = _Dispatch(callbacks, record, storage)
+    report_cursor = event_cursor = 0
+    incarnation = ""
+    try:
+        while True:
+            feed = ray.get(supervisor.feed.remote(report_cursor, event_cursor, interval_s, incarnation))
+            report_cursor, event_cursor, incarnation = feed.report_cursor, feed.event_cursor, feed.incarnation
+            dispatch(feed)
+            if feed.over:
+                return ray.get(run)
+            if ray.wait([run], timeout=0)[0]:
+                ray.get(run)  # raises if run() failed; one that returned has fed everything: the next feed is over
+    except ray.exceptions.RayError:
+        raise
+    except BaseException as exc:
+        reason = f"{type(exc).__name__} in the driver: {exc}"
+        logger.warning("stopping the run: %s", reason)
+        supervisor.stop_run.remote(reason)
+        summary = ray.get(run)
+        failed = isinstance(exc, TrainingFailedError)
+        record.finish("errored" if failed else summary.state.value, summary, exc if failed else None)
+        raise
 
 
 __all__ = ["TorchTrainer", "Checkpoint"]

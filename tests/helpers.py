@@ -35,13 +35,22 @@ def make_trainer(
 
 
 def fit_in_background(trainer: et.TorchTrainer) -> Callable[[float], et.Result]:
-    """Start `fit()` in a thread; returns a function that waits for its Result."""
+    """Start `fit()` in a thread; returns a function that waits for its Result (or raises its error)."""
     results: dict = {}
-    thread = threading.Thread(target=lambda: results.setdefault("result", trainer.fit()), daemon=True)
+
+    def fit() -> None:
+        try:
+            results["result"] = trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            results["raised"] = exc
+
+    thread = threading.Thread(target=fit, daemon=True)
     thread.start()
 
     def join(timeout: float) -> et.Result:
         thread.join(timeout)
+        if "raised" in results:
+            raise results["raised"]
         assert "result" in results, f"fit() did not return within {timeout}s"
         return results["result"]
 

@@ -91,12 +91,14 @@ def test_user_error_within_max_failures_is_retried(local_ray, run_dirs):
 
 @pytest.mark.timeout(120)
 def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dirs):
-    result = _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0).fit()
-    assert isinstance(result.error, et.TrainingFailedError)
-    text = str(result.error)
+    with pytest.raises(et.WorkerGroupError) as caught:
+        _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0).fit()
+    text = str(caught.value)
     assert "ValueError: injected user error at step 5" in text
     assert "Traceback" in text and "fault_once" in text and "linear_regression_loop" in text
+    assert list(caught.value.worker_failures) == [1]
     # Metrics reported before the failure are kept, and so is the last committed checkpoint.
+    result = et.Result.from_path(str(Path(run_dirs["storage"], "run")))
     assert result.metrics["step"] == 4
     assert result.checkpoint is not None and result.checkpoint.to_dict()["step"] == 4
 
@@ -105,8 +107,8 @@ def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dir
 def test_below_min_workers_fails_after_the_configured_wait(local_ray, run_dirs):
     trainer = _trainer(run_dirs, 5, (3, 4), None, elastic=et.ElasticConfig(min_workers_timeout_s=10.0))
     started = time.monotonic()
-    result = trainer.fit()
-    assert isinstance(result.error, et.TrainingFailedError)
-    assert "only 2 of the minimum 3 workers could be placed" in str(result.error)
-    assert "min_workers_timeout_s" in str(result.error)
+    with pytest.raises(et.ControllerError) as caught:
+        trainer.fit()
+    assert "only 2 of the minimum 3 workers could be placed" in str(caught.value)
+    assert "min_workers_timeout_s" in str(caught.value)
     assert 10.0 <= time.monotonic() - started < 40

@@ -130,7 +130,12 @@ def _check(cell: Cell, run_dirs: dict, result: train.Result) -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])
 def test_cell(local_ray, run_dirs, cell):
-    result = run_cell(run_dirs, cell)
+    if cell.expect_error:
+        with pytest.raises(train.WorkerGroupError):
+            run_cell(run_dirs, cell)
+        result = train.Result.from_path(f"{run_dirs['storage']}/run")  # what the failed run left
+    else:
+        result = run_cell(run_dirs, cell)
     _check(cell, run_dirs, result)
 
 

@@ -42,5 +42,6 @@ def test_seed_002_device_model_loader_and_best_checkpoints(local_ray, run_dirs):
     assert kept == [0.3, 0.4, 0.5]
     assert result.checkpoint.to_dict()["epoch"] == 5
     assert sorted(os.listdir(os.path.join(result.path))) == [
-        "checkpoint_000002_g0000", "checkpoint_000004_g0000", "checkpoint_000006_g0000", "events.json"
+        "checkpoint_000002_g0000", "checkpoint_000004_g0000", "checkpoint_000006_g0000",
+        "events.json", "metrics.json", "run.json", "trainer.pkl",  # the run record (run_record.py)
     ]

@@ -107,6 +107,15 @@ class Checkpoint:
             )
         return dict_from_bytes(files[DICT_FILE])
 
+    def to_directory(self, path: str | os.PathLike | None = None) -> str:
+        """Write the checkpoint's files into the local directory `path` (created if needed; a new
+        temporary one when None, which the caller removes) and return it (Ray Train's API). A
+        committed checkpoint's files are checked against its manifest first."""
+        target = tempfile.mkdtemp(prefix="elastic_train_ckpt_") if path is None else os.path.expanduser(str(path))
+        os.makedirs(target, exist_ok=True)
+        write_files(target, self.files())
+        return os.path.normpath(target)
+
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
         """A local directory holding the checkpoint's files (a temporary copy if it is remote)."""
