@@ -1,7 +1,46 @@
-"""Ray Train's `ray.train.torch` names: TorchTrainer, prepare_model, prepare_data_loader, get_device."""
+"""Ray Train's `ray.train.torch` names: TorchTrainer, TorchConfig, prepare_model, prepare_data_loader,
+get_device(s), enable_reproducibility, and accelerate/prepare_optimizer/backward (full precision);
+and our save_state/load_state (model and optimizer state through torch.distributed.checkpoint)."""
 
+import importlib
+from typing import Any
+
+from elastic_train.torch.config import TorchConfig
 from elastic_train.torch.data import prepare_data_loader
-from elastic_train.torch.model import get_device, prepare_model
-from elastic_train.trainer import TorchTrainer
+from elastic_train.torch.loop_utils import accelerate, backward, enable_reproducibility, prepare_optimizer
+from elastic_train.torch.model import get_device, get_devices, prepare_model
+from elastic_train.unsupported import ray_train_torch_getattr
 
-__all__ = ["TorchTrainer", "prepare_model", "prepare_data_loader", "get_device"]
+__all__ = [
+    "TorchTrainer",
+    "TorchConfig",
+    "prepare_model",
+    "prepare_data_loader",
+    "get_device",
+    "get_devices",
+    "enable_reproducibility",
+    "accelerate",
+    "prepare_optimizer",
+    "backward",
+    "save_state",
+    "load_state",
+]
+
+# Loaded on first use: elastic_train.trainer imports elastic_train.torch.config (importing it here
+# would be circular when the trainer is imported first); state.py loads torch.distributed.checkpoint
+# (most of a second).
+_LAZY = {
+    "TorchTrainer": "elastic_train.trainer",
+    "save_state": "elastic_train.torch.state",
+    "load_state": "elastic_train.torch.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    return ray_train_torch_getattr(name)  # Ray Train names not provided: what to use instead
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

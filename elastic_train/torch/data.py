@@ -53,6 +53,12 @@ class ElasticBatchSampler:
         for chunk in self.chunks(self.start):
             yield self.share(chunk)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted for loops written for `DistributedSampler` (Ray Train's guides call
+        `loader.sampler.set_epoch(epoch)` each epoch): the loader already walks a new seeded order
+        every epoch and keeps its own epoch count, which survives resizes and recoveries."""
+        del epoch
+
     def __len__(self) -> int:
         full, rest = divmod(self.size, self.global_batch)
         return full + (1 if rest and not self.drop_last else 0)
@@ -68,6 +74,11 @@ class ElasticDataLoader:
         self._move = move_to_device
         self._epoch, self._position = 0, 0
         self._started = False
+
+    @property
+    def sampler(self) -> ElasticBatchSampler:
+        """The sampler, where Ray Train's guides find it (`loader.sampler.set_epoch(epoch)`)."""
+        return self.batch_sampler
 
     @property
     def epoch(self) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -14,6 +16,26 @@ def get_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def get_devices() -> list[torch.device]:
+    """Every device of this worker: with GPUs, each GPU Ray assigned it (`resources_per_worker={"GPU": 2}`
+    gives two), as CUDA devices of this process, in `ray.get_gpu_ids()` order, as Ray Train does;
+    else the CPU alone."""
+    device = get_device()
+    if device.type != "cuda":
+        return [device]
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d and d != "NoDevFiles"]
+    assigned = [str(gpu) for gpu in ray.get_gpu_ids()] if ray.is_initialized() else []
+    if not visible or not assigned:
+        return [device]
+    missing = [gpu for gpu in assigned if gpu not in visible]
+    if missing:
+        raise RuntimeError(
+            f"CUDA_VISIBLE_DEVICES={','.join(visible)} does not include the GPUs Ray assigned this worker "
+            f"({', '.join(missing)}): do not override CUDA_VISIBLE_DEVICES in the training loop."
+        )
+    return [torch.device("cuda", visible.index(gpu)) for gpu in assigned]
 
 
 def prepare_model(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
+
+import fsspec
 
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import Assignment
@@ -17,6 +20,51 @@ class RunInfo:
     trial_name: str | None = None  # the Ray Tune trial this run belongs to, if any
     trial_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # TorchTrainer(metadata=...)
+
+
+@dataclass(frozen=True)
+class StorageContext:
+    """Where the run's files live (Ray Train's `get_context().get_storage()`), with Ray's attributes.
+
+    Paths named `*_fs_path` are paths on `storage_filesystem`, without the URL's protocol, as in
+    Ray. `storage_filesystem` is an fsspec filesystem (Ray's is a pyarrow one): `open`, `makedirs`,
+    `ls`, ... work on those paths, and `storage_filesystem.unstrip_protocol(path)` gives the URL
+    that fsspec-based writers (e.g. `torch.distributed.checkpoint`'s `FsspecWriter`) take.
+    """
+
+    storage_path: str  # RunConfig.storage_path, resolved (the default folder when it was None)
+    experiment_dir_name: str  # the run's name: its folder under storage_path
+    storage_filesystem: fsspec.AbstractFileSystem
+    storage_fs_path: str
+
+    @classmethod
+    def of(cls, storage: RunStorage) -> "StorageContext":
+        return cls(storage.storage_path, storage.name, storage.fs, posixpath.dirname(storage.root))
+
+    @property
+    def experiment_fs_path(self) -> str:
+        """The run's folder on `storage_filesystem`: every checkpoint folder of the run is under it."""
+        return posixpath.join(self.storage_fs_path, self.experiment_dir_name)
+
+    def build_checkpoint_path_from_name(self, checkpoint_name: str) -> str:
+        """The folder, on `storage_filesystem`, of the checkpoint named `checkpoint_name`: where a loop
+        writes a checkpoint itself before `report(..., checkpoint_dir_name=checkpoint_name,
+        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)` registers it. A name may hold
+        sub-folders, but must stay under the run's folder."""
+        parts = checkpoint_name.split("/")
+        if not checkpoint_name or checkpoint_name.startswith("/") or ".." in parts:
+            raise ValueError(
+                f"checkpoint name {checkpoint_name!r}: use a relative name under the run's folder, "
+                "e.g. 'checkpoint_epoch_3' (no leading '/', no '..')."
+            )
+        return posixpath.join(self.experiment_fs_path, checkpoint_name)
+
+    def extract_checkpoint_dir_name_from_path(self, checkpoint_path: str) -> str:
+        """The checkpoint name of a path under the run's folder (the inverse of the above)."""
+        prefix = self.experiment_fs_path.rstrip("/") + "/"
+        if not checkpoint_path.startswith(prefix):
+            raise ValueError(f"checkpoint path {checkpoint_path} is not under the run's folder {self.experiment_fs_path}.")
+        return checkpoint_path[len(prefix):]
 
 
 @dataclass
@@ -50,4 +98,32 @@ class TrainContext:
         return self.run.name
 
     def get_trial_dir(self) -> str:
+        """The run's folder (a local path, or a URL such as s3://bucket/prefix/<run>)."""
         return self.storage.url()
+
+    def get_trial_name(self) -> str:
+        """The Ray Tune trial's name when the run is a Tune trial's; outside Tune, the run's name (the
+        run is then the trial, as `get_trial_dir` is its folder)."""
+        return self.run.trial_name or self.run.name
+
+    def get_trial_id(self) -> str | None:
+        """The Ray Tune trial's id when the run is a Tune trial's; None outside Tune (no id is made
+        up, so `get_trial_id() is None` tells whether the loop runs under Tune)."""
+        return self.run.trial_id
+
+    def get_trial_resources(self) -> Any:
+        """Not available: a run's workers are placed beside the trial's driver, not inside the trial's
+        resources, so the trial's placement group says nothing about the worker's."""
+        raise NotImplementedError(
+            "get_context().get_trial_resources() is not available in elastic_train: workers are placed beside "
+            "the Tune trial's driver, not in its placement group. Use get_context().get_world_size() and the run's "
+            "ScalingConfig (resources_per_worker) instead."
+        )
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata passed to `TorchTrainer(metadata=...)` (empty when none was)."""
+        return dict(self.run.metadata)
+
+    def get_storage(self) -> StorageContext:
+        """The run's storage: filesystem and paths (see `StorageContext`)."""
+        return StorageContext.of(self.storage)

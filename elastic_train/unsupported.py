@@ -1,0 +1,80 @@
+"""Names of Ray Train's API that elastic_train does not provide, and what to use instead.
+
+Code ported by changing `ray.train` to `elastic_train` in its imports fails on such a name with a
+message that says why and names the replacement, instead of a bare "cannot import name". The
+packages' module-level `__getattr__` raises `UnsupportedAPIError`, an ImportError: it is what
+`from elastic_train import get_dataset_shard` raises, with the message (an AttributeError there
+would be replaced by Python's generic ImportError). `hasattr(elastic_train, name)` therefore raises
+too for these names, rather than answer False.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+_RAY_DATA = (
+    "Ray Data is not supported. Build a torch DataLoader in the training loop and pass it through "
+    "elastic_train.torch.prepare_data_loader (sharded across ranks, resumed mid-epoch after a resize)."
+)
+_VALIDATION = (
+    "Ray's asynchronous checkpoint validation is not supported. Validate in the loop before report() "
+    "(e.g. on rank 0, reporting the result as a metric), in a RunConfig callback's after_report, or "
+    "after fit() on result.best_checkpoints."
+)
+
+TRAIN_NAMES: Mapping[str, str] = {
+    "get_dataset_shard": _RAY_DATA,
+    "DataConfig": _RAY_DATA,
+    "TRAIN_DATASET_KEY": _RAY_DATA,
+    "SyncConfig": (
+        "there is nothing to sync (Ray deprecated it too): workers write checkpoints straight to "
+        "RunConfig(storage_path=...), any fsspec URL, with credentials in RunConfig(storage_options=...)."
+    ),
+    "BackendConfig": (
+        "elastic_train runs PyTorch only: configure its process group with "
+        "elastic_train.torch.TorchConfig(backend=..., timeout_s=...)."
+    ),
+    "LoggingConfig": (
+        "set the level of the 'elastic_train' logger with the logging module, in the driver and in the "
+        "training loop: logging.getLogger('elastic_train').setLevel('DEBUG')."
+    ),
+    "NCCLHangError": (
+        "a hung NCCL collective does not end the run here: it is detected (ElasticConfig.progress_timeout_s, "
+        "collective_timeout_s), the group is aborted and re-formed in place. A run that fails raises "
+        "elastic_train.WorkerGroupError or ControllerError; catch elastic_train.TrainingFailedError."
+    ),
+    "ValidationConfig": _VALIDATION,
+    "ValidationFn": _VALIDATION,
+    "ValidationTaskConfig": _VALIDATION,
+}
+
+TORCH_NAMES: Mapping[str, str] = {
+    "TorchCheckpoint": (
+        "use elastic_train.Checkpoint: Checkpoint.from_dict({'model': model.state_dict()}) (loaded with "
+        "weights_only=True), or elastic_train.torch.save_state/load_state for model and optimizer state "
+        "through torch.distributed.checkpoint."
+    ),
+}
+
+
+class UnsupportedAPIError(ImportError):
+    """A name of Ray Train's API that elastic_train does not provide; the message says what to use instead."""
+
+
+def unsupported_getattr(module: str, ray_module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module-level `__getattr__` for `module` that raises UnsupportedAPIError for `names`."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            raise UnsupportedAPIError(
+                f"{module}.{name} ({ray_module}.{name}) is not supported: {names[name]}", name=module
+            )
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+ray_train_getattr = unsupported_getattr("elastic_train", "ray.train", TRAIN_NAMES)
+ray_train_torch_getattr = unsupported_getattr("elastic_train.torch", "ray.train.torch", TORCH_NAMES)
+
+__all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "TORCH_NAMES", "ray_train_getattr", "ray_train_torch_getattr"]
