@@ -1,0 +1,747 @@
+"""Ray Train's API under elastic_train, used as Ray's user guides use it.
+
+1. The driver side: fit() raises on failure, callbacks, Result (best checkpoints, from_path after
+   the driver died), restore without the loop, Checkpoint.to_directory, TorchTrainer's torch_config /
+   metadata / resume_from_checkpoint.
+2. The names: TorchConfig, the `elastic_train.torch` loop helpers, the context's trial / metadata /
+   storage methods, and a clear error for every `ray.train` name we do not provide.
+3. report() with Ray's keywords: every reported checkpoint kept, SYNC, NO_UPLOAD (a DCP checkpoint the
+   loop wrote), checkpoint_dir_name, delete_local_checkpoint_after_upload, checkpoint_upload_fn,
+   get_all_reported_checkpoints, and reports that wait for storage rather than drop a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import posixpath
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.utils.data import DataLoader, TensorDataset
+
+import elastic_train as train
+from elastic_train import Checkpoint, CheckpointUploadMode, RunConfig, ScalingConfig
+from elastic_train.checkpoint import list_checkpoints
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.protocol import Assignment, PreemptionInfo
+from elastic_train.torch import TorchConfig, TorchTrainer
+from elastic_train.trainer import supervisor_name
+from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
+from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
+from elastic_train.worker.persister import PartUpload, Persister
+from tests.conftest import ROOT, ray_runtime_env
+from tests.helpers import make_trainer, wait_for
+from tests.loops import large_shard_loop, log_progress, read_progress
+
+
+# == 1. The driver side ============================================================================
+SCORES = [0.5, 0.9, 0.2]
+
+
+def three_epochs(config: dict) -> None:
+    """Rank 0 saves a checkpoint with each epoch's report, as Ray Train's guides do; every rank reports."""
+    ctx = train.get_context()
+    for epoch in range(len(SCORES)):
+        checkpoint = train.Checkpoint.from_dict({"epoch": epoch}) if ctx.get_world_rank() == 0 else None
+        train.report({"epoch": epoch, "score": SCORES[epoch], "rank": ctx.get_world_rank()}, checkpoint=checkpoint)
+
+
+def raises_on(config: dict) -> None:
+    """Reports once, then raises on the configured ranks."""
+    rank = train.get_context().get_world_rank()
+    train.report({"step": 1}, checkpoint=train.Checkpoint.from_dict({"step": 1}))
+    if rank in config["ranks"]:
+        raise ValueError(f"bad batch on rank {rank}")
+    train.report({"step": 2})
+
+
+def endless(config: dict) -> None:
+    step = 0
+    while True:
+        step += 1
+        threading.Event().wait(0.05)
+        train.report({"step": step}, checkpoint=train.Checkpoint.from_dict({"step": step}))
+
+
+def describes_its_setup(config: dict) -> None:
+    ctx = train.get_context()
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    train.report({"backend": dist.get_backend(), "timeout_s": backend.options._timeout.total_seconds(),
+               "metadata": ctx.get_metadata()})
+
+
+def starts_from_given_checkpoint(config: dict) -> None:
+    checkpoint = train.get_checkpoint()
+    start = checkpoint.to_dict()["step"] if checkpoint is not None else 0
+    for step in range(start + 1, start + 3):
+        train.report({"step": step, "started_from": start}, checkpoint=train.Checkpoint.from_dict({"step": step}))
+
+
+def _run_config(run_dirs: dict, **kwargs) -> train.RunConfig:
+    return train.RunConfig(storage_path=run_dirs["storage"], name="run", **kwargs)
+
+
+class Recorder(train.UserCallback):
+    """Keeps what each hook was called with."""
+
+    def __init__(self):
+        self.reports: list[tuple[list[dict], dict | None]] = []
+        self.exceptions: list[dict[int, BaseException]] = []
+        self.ended: list[train.Result] = []
+        self.run_names: set[str] = set()
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self.run_names.add(run_context.name)
+        self.reports.append((metrics, checkpoint.to_dict() if checkpoint is not None else None))
+
+    def after_exception(self, run_context, worker_exceptions):
+        self.exceptions.append(worker_exceptions)
+
+    def on_run_end(self, run_context, result):
+        self.ended.append(result)
+
+
+@pytest.mark.timeout(120)
+def test_callbacks_see_every_report_and_result_keeps_every_checkpoint(local_ray, run_dirs, tmp_path):
+    recorder = Recorder()
+    result = train.TorchTrainer(
+        three_epochs, train_loop_config={}, scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(run_dirs, callbacks=[recorder]),
+    ).fit()
+    # Every report, with every rank's metrics, and the checkpoint committed for it.
+    assert [[m["rank"] for m in metrics] for metrics, _ in recorder.reports] == [[0, 1]] * 3
+    assert [metrics[0]["epoch"] for metrics, _ in recorder.reports] == [0, 1, 2]
+    assert [checkpoint for _, checkpoint in recorder.reports] == [{"epoch": 0}, {"epoch": 1}, {"epoch": 2}]
+    assert recorder.run_names == {"run"} and recorder.exceptions == []
+    assert len(recorder.ended) == 1 and recorder.ended[0].error is None
+    # Three reported checkpoints, three kept (num_to_keep unset), each with its metrics.
+    assert [(c.to_dict()["epoch"], m["score"]) for c, m in result.best_checkpoints] == list(enumerate(SCORES))
+    assert result.get_best_checkpoint("score", "max").to_dict() == {"epoch": 1}
+    assert result.get_best_checkpoint("score", "min").to_dict() == {"epoch": 2}
+    with pytest.raises(RuntimeError, match="Invalid metric name"):
+        result.get_best_checkpoint("accuracy", "max")
+    # to_directory: into a given folder, or a new temporary one.
+    target = result.checkpoint.to_directory(tmp_path / "ckpt")
+    assert target == str(tmp_path / "ckpt") and os.listdir(target) == ["dict_checkpoint.pt"]
+    assert train.Checkpoint.from_directory(result.checkpoint.to_directory()).to_dict() == {"epoch": 2}
+    # The run's folder holds what Result needs: from_path reads it back.
+    again = train.Result.from_path(result.path)
+    assert again.metrics == result.metrics and again.metrics_history == result.metrics_history
+    assert [c.to_dict() for c, _ in again.best_checkpoints] == [{"epoch": e} for e in range(3)]
+    assert again.error is None and again.world_sizes == [2]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ranks", [[1], [0, 1]])
+def test_a_worker_error_raises_worker_group_error_with_the_traceback(local_ray, run_dirs, ranks):
+    recorder = Recorder()
+    trainer = train.TorchTrainer(raises_on, train_loop_config={"ranks": ranks},
+                              scaling_config=train.ScalingConfig(num_workers=2),
+                              run_config=_run_config(run_dirs, callbacks=[recorder]))
+    with pytest.raises(train.WorkerGroupError) as caught:
+        trainer.fit()
+    error = caught.value
+    assert isinstance(error, train.TrainingFailedError)
+    assert sorted(error.worker_failures) == ranks
+    for rank, exc in error.worker_failures.items():
+        assert isinstance(exc, ValueError) and str(exc) == f"bad batch on rank {rank}"
+        assert "raises_on" in "".join(exc.__notes__)  # the worker's traceback
+    assert "Traceback" in str(error) and "raises_on" in str(error) and "ValueError: bad batch" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is train.WorkerGroupError and str(copy) == str(error) and sorted(copy.worker_failures) == ranks
+    # after_exception gets the errors known when the failure was seen (as Ray's, from one poll of the
+    # workers); fit()'s error has every rank that raised.
+    assert len(recorder.exceptions) == 1 and recorder.exceptions[0] and set(recorder.exceptions[0]) <= set(ranks)
+    assert recorder.ended[0].error is error
+    # What the failed run left is read back from its folder.
+    left = train.Result.from_path(str(Path(run_dirs["storage"], "run")))
+    assert isinstance(left.error, train.TrainingFailedError) and "bad batch" in str(left.error)
+    assert left.metrics == {"step": 1} and left.checkpoint.to_dict() == {"step": 1}
+
+
+@pytest.mark.timeout(60)
+def test_capacity_that_never_comes_raises_controller_error(local_ray, run_dirs):
+    trainer = train.TorchTrainer(three_epochs, scaling_config=train.ScalingConfig(num_workers=3),
+                              run_config=_run_config(run_dirs, elastic_config=train.ElasticConfig(min_workers_timeout_s=2)))
+    with pytest.raises(train.ControllerError) as caught:
+        trainer.fit()
+    assert "min_workers_timeout_s" in str(caught.value)
+    assert "min_workers_timeout_s" in str(caught.value.controller_failure)
+
+
+class Raising(train.UserCallback):
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def after_report(self, run_context, metrics, checkpoint):
+        if metrics[0]["step"] == 3:
+            raise self.exc
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("exc", [KeyError("no such run in the tracker"), SystemExit(0)], ids=["error", "exit"])
+def test_a_raising_callback_stops_the_run_cleanly(local_ray, run_dirs, exc):
+    """As in Ray Train, a callback's error fails the run with ControllerError; a SystemExit (Tune's
+    way to stop a trial from its report) propagates. Either way the run was stopped cleanly first:
+    its supervisor is gone and the newest checkpoint is committed."""
+    trainer = train.TorchTrainer(endless, train_loop_config={}, scaling_config=train.ScalingConfig(num_workers=2),
+                              run_config=_run_config(run_dirs, callbacks=[Raising(exc)]))
+    if isinstance(exc, SystemExit):
+        with pytest.raises(SystemExit):
+            trainer.fit()
+    else:
+        with pytest.raises(train.ControllerError) as caught:
+            trainer.fit()
+        assert caught.value.controller_failure is exc
+    with pytest.raises(ValueError):
+        ray.get_actor(supervisor_name("run"))
+    left = train.Result.from_path(str(Path(run_dirs["storage"], "run")))
+    assert left.checkpoint.to_dict()["step"] >= 3
+    assert any(e["kind"] == "stop_requested" for e in left.events)
+    assert (left.error is None) == isinstance(exc, SystemExit)
+
+
+@pytest.mark.timeout(120)
+def test_stop_from_another_thread_ends_fit_with_a_result(local_ray, run_dirs):
+    reported = threading.Event()
+
+    class Seen(train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            reported.set()
+
+    trainer = train.TorchTrainer(endless, train_loop_config={}, scaling_config=train.ScalingConfig(num_workers=2),
+                              run_config=_run_config(run_dirs, callbacks=[Seen()]))
+    results = []
+    fitting = threading.Thread(target=lambda: results.append(trainer.fit()))
+    fitting.start()
+    assert reported.wait(60)
+    assert trainer.stop("the trial was stopped", timeout_s=60)
+    fitting.join(5)
+    result = results[0]
+    assert result.error is None and result.checkpoint.to_dict()["step"] == result.metrics["step"]
+    assert any(e["kind"] == "stop_requested" and e["reason"] == "the trial was stopped" for e in result.events)
+    assert trainer.stop("again")  # nothing under way
+
+
+@pytest.mark.timeout(120)
+def test_after_resize_follows_the_world_size(local_ray, run_dirs):
+    """An elastic run loses rank 1's process, shrinks, and grows back when its replacement is placed."""
+    resizes = []
+
+    class Resizes(train.UserCallback):
+        def after_resize(self, run_context, old_world_size, new_world_size):
+            resizes.append((old_world_size, new_world_size))
+
+    trainer = make_trainer(run_dirs, (1, 2), steps=30, step_time=0.05, fault={"kind": "kill", "rank": 1, "at_step": 5})
+    trainer.run_config = dataclasses.replace(trainer.run_config, callbacks=[Resizes()])
+    result = trainer.fit()
+    sizes = result.world_sizes
+    assert sizes[0] == 2 and 1 in sizes, sizes
+    assert resizes == [(a, b) for a, b in zip(sizes, sizes[1:]) if a != b]
+
+
+@pytest.mark.timeout(120)
+def test_torch_config_and_metadata_reach_the_loop(local_ray, run_dirs):
+    result = train.TorchTrainer(
+        describes_its_setup, torch_config=TorchConfig(backend="gloo", timeout_s=123),
+        metadata={"dataset": "v3", "owner": "ml"}, scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=_run_config(run_dirs),
+    ).fit()
+    assert result.metrics == {"backend": "gloo", "timeout_s": 123.0, "metadata": {"dataset": "v3", "owner": "ml"}}
+
+
+@pytest.mark.timeout(120)
+def test_resume_from_checkpoint_is_the_first_get_checkpoint(local_ray, run_dirs):
+    result = train.TorchTrainer(
+        starts_from_given_checkpoint, train_loop_config={},
+        resume_from_checkpoint=train.Checkpoint.from_dict({"step": 40}),
+        scaling_config=train.ScalingConfig(num_workers=2), run_config=_run_config(run_dirs),
+    ).fit()
+    assert [m["step"] for m in result.metrics_history] == [41, 42]
+    # A run with checkpoints of its own resumes from them, not from the given one.
+    again = train.TorchTrainer(
+        starts_from_given_checkpoint, train_loop_config={},
+        resume_from_checkpoint=train.Checkpoint.from_dict({"step": 40}),
+        scaling_config=train.ScalingConfig(num_workers=2), run_config=_run_config(run_dirs),
+    ).fit()
+    assert [m["started_from"] for m in again.metrics_history] == [42, 42]
+
+
+@pytest.mark.timeout(240)
+def test_from_path_after_the_driver_was_killed_and_restore_without_the_loop(local_ray, run_dirs):
+    run = Path(run_dirs["storage"], "run")
+    args = {"address": ray.get_runtime_context().gcs_address, "storage": run_dirs["storage"], "name": "run",
+            "workers": 2, "config": {"log_dir": run_dirs["log_dir"], "steps": 10_000, "shard_mb": 0.01,
+                                     "step_time": 0.05}}
+    driver = subprocess.Popen([sys.executable, "-m", "tests.driver", json.dumps(args)], cwd=ROOT,
+                              env={**os.environ, **ray_runtime_env()["env_vars"]})
+    try:
+        wait_for(lambda: (run / "metrics.json").exists() and json.loads((run / "metrics.json").read_text()), 120,
+                 "the driver to record metrics")
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    left = train.Result.from_path(str(run))
+    steps = [m["step"] for m in left.metrics_history]
+    assert steps == list(range(1, len(steps) + 1)) and left.metrics["step"] == steps[-1]
+    assert left.error is None and left.best_checkpoints and left.events[0]["kind"] == "run_started"
+    with left.checkpoint.as_directory() as d:
+        assert sorted(os.listdir(d)) == ["shard_0.bin", "shard_1.bin"]
+    wait_for(lambda: not _actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
+
+    restored = train.TorchTrainer.restore(str(run), train_loop_config={**args["config"], "steps_after_restore": 2})
+    assert restored.train_loop_per_worker is large_shard_loop
+    assert restored.scaling_config.num_workers == 2
+    result = restored.fit()
+    resumed_from = result.metrics_history[0]["step"] - 1
+    assert resumed_from >= left.best_checkpoints[-1][1]["step"]  # the newest committed checkpoint, or newer
+    assert [m["step"] for m in result.metrics_history] == [resumed_from + 1, resumed_from + 2]
+
+
+def _actor_exists(name: str) -> bool:
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
+
+
+def test_errors_pickle_whole():
+    notice = PreemptionInfo(deadline_ms=1_700_000_000_000, preempted_node_to_ranks={"node-a": [0, 1]})
+    for error in (train.ControllerError(RuntimeError("no capacity")), train.PreemptionError(notice, drain_timed_out=True)):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+    assert pickle.loads(pickle.dumps(train.PreemptionError(notice))).preemption_info.preempted_ranks == [0, 1]
+
+
+def test_unsupported_arguments_fail_clearly():
+    with pytest.raises(train.ConfigError, match="prepare_data_loader"):
+        train.TorchTrainer(three_epochs, datasets={"train": [1, 2]})
+    with pytest.raises(train.ConfigError, match="use_gpu=True"):
+        train.TorchTrainer(three_epochs, torch_config=TorchConfig(backend="nccl"))
+    with pytest.raises(train.ConfigError, match="JSON"):
+        train.TorchTrainer(three_epochs, metadata={"when": object()})
+    with pytest.raises(train.ConfigError, match="UserCallback"):
+        train.RunConfig(callbacks=[object()])
+
+
+def test_restore_of_a_folder_that_is_no_run_fails_clearly(tmp_path):
+    with pytest.raises(train.ConfigError, match="neither a run record"):
+        train.TorchTrainer.restore(str(tmp_path / "nothing"))
+
+
+# == 2. The names ==================================================================================
+# == TorchConfig ====================================================================================
+def test_torch_config_defaults_are_rays():
+    config = TorchConfig()
+    assert config.to_dict() == {"backend": None, "init_method": "env", "timeout_s": 1800}
+    assert config.resolve_backend(use_gpu=False) == "gloo"
+    assert config.resolve_backend(use_gpu=True) == "nccl"
+    assert TorchConfig(backend="gloo", init_method="tcp", timeout_s=60).resolve_backend(use_gpu=False) == "gloo"
+    assert TorchConfig(backend="nccl").resolve_backend(use_gpu=True) == "nccl"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backend": "mpi"}, r"backend='mpi': use 'nccl' \(GPUs\), 'gloo' \(CPUs\), or None"),
+        ({"backend": "cpu:gloo,cuda:nccl"}, "use 'nccl'"),
+        ({"init_method": "file"}, "init_method='file': use 'env' or 'tcp'"),
+        ({"timeout_s": 0}, "timeout_s=0: use a positive number of seconds"),
+        ({"timeout_s": True}, "timeout_s=True"),
+    ],
+)
+def test_torch_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(train.ConfigError, match=message):
+        TorchConfig(**kwargs)
+
+
+def test_torch_config_backend_must_fit_the_devices():
+    with pytest.raises(train.ConfigError, match=r"needs GPUs: set ScalingConfig\(use_gpu=True\)"):
+        TorchConfig(backend="nccl").resolve_backend(use_gpu=False)
+    with pytest.raises(train.ConfigError, match="Use backend='nccl'"):
+        TorchConfig(backend="gloo").resolve_backend(use_gpu=True)
+
+
+# == names of ray.train we do not provide ===========================================================
+@pytest.mark.parametrize("name", sorted(TRAIN_NAMES))
+def test_unsupported_ray_train_name_says_what_to_use(name):
+    with pytest.raises(UnsupportedAPIError, match=rf"elastic_train\.{name} \(ray\.train\.{name}\) is not supported: "):
+        exec(f"from elastic_train import {name}", {})
+    with pytest.raises(UnsupportedAPIError, match=re.escape(TRAIN_NAMES[name])):
+        getattr(train, name)
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_NAMES))
+def test_unsupported_ray_train_torch_name_says_what_to_use(name):
+    with pytest.raises(UnsupportedAPIError, match=r"use elastic_train\.Checkpoint"):
+        exec(f"from elastic_train.torch import {name}", {})
+
+
+def test_other_missing_names_are_plain_attribute_errors():
+    assert not hasattr(train, "no_such_name")
+    assert not hasattr(train.torch, "no_such_name")
+    with pytest.raises(ImportError, match="cannot import name 'no_such_name'"):
+        exec("from elastic_train import no_such_name", {})
+
+
+@pytest.mark.parametrize("module, ours, unsupported", [
+    ("ray.train", "elastic_train", TRAIN_NAMES),
+    ("ray.train.torch", "elastic_train.torch", TORCH_NAMES),
+])
+def test_every_public_ray_train_name_exists_or_says_what_to_use(module, ours, unsupported):
+    """The porting rule `ray.train` -> `elastic_train`: each name of Ray's `__all__` is ours, or fails
+    with what to use instead."""
+    import importlib
+
+    ray_module, our_module = importlib.import_module(module), importlib.import_module(ours)
+    missing = [name for name in ray_module.__all__ if name not in unsupported and not hasattr(our_module, name)]
+    assert not missing, f"{ours} lacks {missing}: provide them, or add them to elastic_train/unsupported.py"
+    overlap = [name for name in unsupported if name in vars(our_module)]
+    assert not overlap, f"{overlap} are provided by {ours} and also listed as unsupported"
+
+
+# == loop helpers without a run =====================================================================
+@pytest.fixture
+def deterministic_restored():
+    """enable_reproducibility changes process-wide torch settings: put them back after the test."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.benchmark = before[1]
+    if before[2] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[2]
+
+
+def test_enable_reproducibility_seeds_every_generator(deterministic_restored):
+    train.torch.enable_reproducibility(7)
+    first = (torch.rand(3), random.random(), np.random.rand())
+    train.torch.enable_reproducibility(7)
+    second = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(first[0], second[0]) and first[1:] == second[1:]
+    assert first[1] == random.Random(7).random()
+    assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_amp_helpers_run_full_precision_and_refuse_amp():
+    train.torch.accelerate()
+    train.torch.accelerate(amp=False)  # again: a re-entered loop calls it once per generation
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert train.torch.prepare_optimizer(optimizer) is optimizer
+    train.torch.backward(model(torch.ones(1, 2)).sum())
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+    with pytest.raises(train.ConfigError, match=r"accelerate\(amp=True\) is not supported: .*torch.autocast"):
+        train.torch.accelerate(amp=True)
+    with pytest.raises(TypeError, match="needs a torch.optim.Optimizer"):
+        train.torch.prepare_optimizer(model)
+
+
+def test_get_devices_is_the_cpu_without_gpus():
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU case")
+    assert train.torch.get_devices() == [train.torch.get_device()] == [torch.device("cpu")]
+
+
+# == the context's trial, metadata and storage ======================================================
+def context(tmp_path, run: RunInfo) -> TrainContext:
+    place = Assignment(generation=0, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                       master_addr="127.0.0.1", master_port=0, resume=None, peers={})
+    return TrainContext(place, run, RunStorage(str(tmp_path / "storage"), run.name))
+
+
+def test_trial_names_outside_and_inside_tune(tmp_path):
+    alone = context(tmp_path, RunInfo("my-run"))
+    assert alone.get_trial_name() == "my-run" and alone.get_trial_id() is None and alone.get_metadata() == {}
+    trial = context(tmp_path, RunInfo("my-run", trial_name="train_fn_a1b2c_00001", trial_id="a1b2c_00001",
+                                      metadata={"owner": "n"}))
+    assert (trial.get_trial_name(), trial.get_trial_id()) == ("train_fn_a1b2c_00001", "a1b2c_00001")
+    assert trial.get_metadata() == {"owner": "n"}
+    trial.get_metadata()["owner"] = "changed"  # a copy: the run's metadata stays as given
+    assert trial.get_metadata() == {"owner": "n"}
+    with pytest.raises(NotImplementedError, match="get_world_size"):
+        trial.get_trial_resources()
+
+
+def test_storage_context_has_rays_paths(tmp_path):
+    ctx = context(tmp_path, RunInfo("my-run"))
+    storage = ctx.get_storage()
+    root = str(tmp_path / "storage")
+    assert (storage.storage_path, storage.storage_fs_path, storage.experiment_dir_name) == (root, root, "my-run")
+    assert storage.experiment_fs_path == posixpath.join(root, "my-run") == ctx.get_trial_dir()
+    path = storage.build_checkpoint_path_from_name("dcp/epoch_3")
+    assert path == posixpath.join(root, "my-run", "dcp/epoch_3")
+    assert storage.extract_checkpoint_dir_name_from_path(path) == "dcp/epoch_3"
+    storage.storage_filesystem.makedirs(path, exist_ok=True)  # an fsspec filesystem, on the fs path
+    storage.storage_filesystem.pipe_file(posixpath.join(path, "shard_0"), b"x")
+    assert (tmp_path / "storage" / "my-run" / "dcp" / "epoch_3" / "shard_0").read_bytes() == b"x"
+    for bad in ("", "/abs", "../other-run", "a/../../b"):
+        with pytest.raises(ValueError, match="relative name under the run's folder"):
+            storage.build_checkpoint_path_from_name(bad)
+
+
+def test_storage_context_paths_drop_the_protocol_as_rays():
+    storage = StorageContext.of(RunStorage("memory://bucket/prefix", "run"))
+    assert storage.storage_path == "memory://bucket/prefix"
+    assert storage.experiment_fs_path == "/bucket/prefix/run"
+    assert storage.storage_filesystem.unstrip_protocol(storage.experiment_fs_path) == "memory:///bucket/prefix/run"
+
+
+# == one run on real Ray, written as Ray's user guides write it =====================================
+SEED, LR, EPOCHS = 11, 0.1, 3
+X = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 16
+Y = X.sum(dim=1, keepdim=True)
+
+
+def train_func(config):
+    train.torch.enable_reproducibility(seed=config["seed"])
+    fresh = {"random": random.random(), "numpy": float(np.random.rand())}  # right after seeding
+    train.torch.accelerate(amp=False)
+    model = train.torch.prepare_model(torch.nn.Linear(4, 1))
+    optimizer = train.torch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"]))
+    # Two samples a step per worker: each epoch is one step over the whole set, in some order.
+    loader = train.torch.prepare_data_loader(DataLoader(TensorDataset(X, Y), batch_size=2, shuffle=True))
+
+    ctx = train.get_context()
+    storage = ctx.get_storage()
+    assert train.torch.get_devices() == [train.torch.get_device()] == [torch.device("cpu")]
+    assert ctx.get_trial_id() is None and ctx.get_trial_name() == ctx.get_experiment_name()
+    assert ctx.get_metadata() == {"owner": "names-test"}
+    assert torch.are_deterministic_algorithms_enabled()
+    if ctx.get_world_rank() == 0:  # a file of the loop's own, under the run's folder on its filesystem
+        notes = storage.build_checkpoint_path_from_name("notes")
+        storage.storage_filesystem.makedirs(notes, exist_ok=True)
+        storage.storage_filesystem.pipe_file(posixpath.join(notes, "rank0.txt"), b"written by the loop")
+
+    for epoch in range(config["epochs"]):
+        if ctx.get_world_size() > 1:
+            loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            train.torch.backward(loss)
+            optimizer.step()
+        train.report({"epoch": epoch, "loss": loss.item(), **fresh,
+                      "weight": model.module.weight.detach().flatten().tolist(),
+                      "experiment_fs_path": storage.experiment_fs_path,
+                      "experiment_dir_name": storage.experiment_dir_name})
+
+
+def expected_weight() -> list[float]:
+    """The run's math in this process: DDP averages the two halves' gradients, the whole set's."""
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for _ in range(EPOCHS):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(X), Y).backward()
+        optimizer.step()
+    return model.weight.detach().flatten().tolist()
+
+
+@pytest.mark.timeout(120)
+def test_a_ray_style_loop_runs_with_these_names(local_ray, run_dirs):
+    result = TorchTrainer(
+        train_func,
+        train_loop_config={"seed": SEED, "lr": LR, "epochs": EPOCHS},
+        torch_config=TorchConfig(backend="gloo", timeout_s=600),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="names", storage_path=run_dirs["storage"]),
+        metadata={"owner": "names-test"},
+    ).fit()
+    metrics = result.metrics
+    assert metrics["epoch"] == EPOCHS - 1
+    assert metrics["weight"] == pytest.approx(expected_weight(), abs=1e-6)
+    assert (metrics["random"], metrics["numpy"]) == (random.Random(SEED).random(),
+                                                     float(np.random.RandomState(SEED).rand()))
+    assert metrics["experiment_fs_path"] == result.path == os.path.join(run_dirs["storage"], "names")
+    assert metrics["experiment_dir_name"] == "names"
+    assert (
+        open(os.path.join(result.path, "notes", "rank0.txt"), "rb").read() == b"written by the loop"
+    )
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("make, field", [
+    (lambda: train.RunConfig(storage_filesystem=object()), "storage_filesystem"),
+    (lambda: train.RunConfig(worker_runtime_env={}), "worker_runtime_env"),
+    (lambda: train.ScalingConfig(num_workers=2, use_tpu=True), "use_tpu"),
+    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1}), "trainer_resources"),
+    (lambda: train.FailureConfig(controller_failure_limit=3), "controller_failure_limit"),
+])
+def test_ray_only_config_fields_say_what_to_use_instead(make, field):
+    with pytest.raises(train.ConfigError, match=rf"\({field}=\.\.\.\) is Ray Train's; elastic_train does not support it: \w"):
+        make()
+
+
+# == 3. report() and its keywords ==================================================================
+def _run(run_dirs, loop, num_workers=2, name="run", **config):
+    return TorchTrainer(loop, train_loop_config={"log_dir": run_dirs["log_dir"], **config},
+                        scaling_config=ScalingConfig(num_workers=num_workers),
+                        run_config=RunConfig(name=name, storage_path=run_dirs["storage"])).fit()
+
+
+def epochs_loop(config):
+    """Ray's guide: a checkpoint every epoch, rank 0 alone writes it; SYNC, named folders."""
+    ctx = train.get_context()
+    for epoch in range(config["epochs"]):
+        metrics = {"epoch": epoch, "loss": 1.0 / (epoch + 1)}
+        with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                torch.save({"epoch": epoch}, os.path.join(temp_checkpoint_dir, "model.pt"))
+                checkpoint = Checkpoint.from_directory(temp_checkpoint_dir)
+            train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=f"epoch_{epoch}",
+                         checkpoint_upload_mode=config.get("mode"))
+            if ctx.get_world_rank() == 0:
+                stored = [c.manifest.step for c in list_checkpoints(ctx.get_trial_dir())]
+                reported = train.get_all_reported_checkpoints()
+                log_progress(config["log_dir"], epoch=epoch, stored=stored,
+                             reported=[r.metrics["epoch"] for r in reported])
+
+
+@pytest.mark.timeout(120)
+def test_every_reported_checkpoint_is_kept_and_sync_returns_once_committed(local_ray, run_dirs):
+    result = _run(run_dirs, epochs_loop, epochs=3, mode=CheckpointUploadMode.SYNC)
+    # Ray's contract: every reported checkpoint is kept (num_to_keep unset), in order.
+    assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
+    assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["epoch_0", "epoch_1", "epoch_2"]
+    # SYNC: when report() returned, that checkpoint's manifest was in storage, and listed as reported.
+    for line in read_progress(run_dirs["log_dir"]):
+        assert line["stored"][-1] == line["epoch"] + 1, line
+        assert line["reported"] == list(range(line["epoch"] + 1)), line
+    with result.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "model.pt"))["epoch"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_async_reports_are_all_stored_in_order(local_ray, run_dirs):
+    result = _run(run_dirs, epochs_loop, epochs=3)
+    assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
+
+
+def dcp_no_upload_loop(config):
+    """The loop writes each checkpoint straight into the run's folder with torch.distributed.checkpoint,
+    and registers it (NO_UPLOAD); on resume it loads it back with DCP."""
+    ctx = train.get_context()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = {"model": model.state_dict(), "step": torch.tensor(0)}
+            dcp.load(state, checkpoint_id=d)
+            model.load_state_dict(state["model"])
+            start = int(state["step"])
+        log_progress(config["log_dir"], rank=ctx.get_world_rank(), resumed=start,
+                     weight=model.weight.sum().item())
+    for step in range(start + 1, config["steps"] + 1):
+        with torch.no_grad():
+            model.weight.add_(0.1 * step)
+        path = ctx.get_storage().build_checkpoint_path_from_name(f"dcp_step_{step}")
+        dcp.save({"model": model.state_dict(), "step": torch.tensor(step)}, checkpoint_id=path)
+        train.report({"step": step, "weight": model.weight.sum().item()}, checkpoint=Checkpoint(path),
+                     checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+
+@pytest.mark.timeout(180)
+def test_no_upload_registers_a_dcp_checkpoint_the_loop_wrote(local_ray, run_dirs):
+    first = _run(run_dirs, dcp_no_upload_loop, steps=3)
+    assert [os.path.basename(c.path) for c, _ in first.best_checkpoints] == ["dcp_step_1", "dcp_step_2", "dcp_step_3"]
+    newest = first.best_checkpoints[-1][0]
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(newest.manifest.files)  # listed and checksummed
+    # A new fit with the same name resumes from the newest registered checkpoint, loaded by DCP.
+    second = _run(run_dirs, dcp_no_upload_loop, steps=5)
+    resumed = [p for p in read_progress(run_dirs["log_dir"]) if "resumed" in p]
+    assert {p["resumed"] for p in resumed} == {3} and {p["rank"] for p in resumed} == {0, 1}
+    assert resumed[0]["weight"] == pytest.approx(first.metrics["weight"])
+    assert [h["step"] for h in second.metrics_history] == [4, 5]
+
+
+def delete_local_loop(config):
+    folder = tempfile.mkdtemp(dir=config["log_dir"])
+    with open(os.path.join(folder, "state.txt"), "w") as f:
+        f.write("1")
+    train.report({"step": 1}, checkpoint=Checkpoint.from_directory(folder),
+                 checkpoint_upload_mode=CheckpointUploadMode.ASYNC)  # Ray: ASYNC deletes the local folder
+    log_progress(config["log_dir"], rank=train.get_context().get_world_rank(), left=os.path.exists(folder))
+
+
+@pytest.mark.timeout(120)
+def test_async_deletes_the_local_folder_once_held_and_the_checkpoint_is_still_stored(local_ray, run_dirs):
+    result = _run(run_dirs, delete_local_loop, num_workers=1)
+    assert [p["left"] for p in read_progress(run_dirs["log_dir"])] == [False]
+    with result.checkpoint.as_directory() as d:
+        assert open(os.path.join(d, "state.txt")).read() == "1"
+
+
+@pytest.mark.timeout(30)
+def test_a_report_waits_for_room_when_storage_falls_behind_and_drops_nothing():
+    """Every checkpoint is stored (none replaced); with `max_queued` parts waiting, the next submit
+    waits until the upload thread takes one: memory stays bounded."""
+    gate, stored = threading.Event(), []
+
+    def upload(part: PartUpload) -> None:
+        assert gate.wait(10)
+        stored.append(part.index)
+
+    persister = Persister(upload, lambda p, e: None, lambda p, e: None, max_queued=2)
+    for index in (1, 2, 3):  # 1 is being uploaded, 2 and 3 wait
+        assert persister.submit(PartUpload(0, index, {"a": b"x"}, replaceable=False)) < 1.0
+    waited: list[float] = []
+    submitter = threading.Thread(target=lambda: waited.append(
+        persister.submit(PartUpload(0, 4, {"a": b"x"}, replaceable=False))))
+    submitter.start()
+    submitter.join(0.3)
+    assert submitter.is_alive(), "the 4th part did not wait for room"
+    gate.set()
+    submitter.join(10)
+    assert waited and waited[0] >= 0.3
+    assert persister.flush(10) and stored == [1, 2, 3, 4]
+    persister.close(1)
+
+
+def upload_fn_loop(config):
+    """Ray's `checkpoint_upload_fn`: the user's own upload into the run's folder."""
+    import shutil
+
+    def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+        target = train.get_context().get_storage().build_checkpoint_path_from_name(dir_name)
+        shutil.copytree(checkpoint.path, target)
+        return Checkpoint(target)
+
+    for step in (1, 2):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "step.txt"), "w") as f:
+                f.write(str(step))
+            train.report({"step": step}, checkpoint=Checkpoint.from_directory(d), checkpoint_upload_fn=upload)
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_upload_fn_stores_the_users_way_and_the_checkpoint_is_committed(local_ray, run_dirs):
+    result = _run(run_dirs, upload_fn_loop, num_workers=1)
+    assert [m["step"] for _, m in result.best_checkpoints] == [1, 2]
+    with result.checkpoint.as_directory() as d:
+        assert open(os.path.join(d, "step.txt")).read() == "2"
+    assert set(result.checkpoint.manifest.files) == {"step.txt"}
