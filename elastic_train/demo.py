@@ -121,7 +121,14 @@ def main() -> int:
         run_config=et.RunConfig(name="demo", storage_path=storage),
     )
     outcome: dict = {}
-    fit = threading.Thread(target=lambda: outcome.setdefault("result", trainer.fit()), daemon=True)
+
+    def fit_run() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except et.TrainingFailedError as exc:
+            outcome["error"] = exc
+
+    fit = threading.Thread(target=fit_run, daemon=True)
     monitor = Monitor(cluster, nodes, "demo")
     started = time.monotonic()
     fit.start()
@@ -131,10 +138,10 @@ def main() -> int:
         fit.join()
         ray.shutdown()
         cluster.shutdown()
-    result = outcome["result"]
-    if result.error:
-        log.error("run failed: %s", result.error)
+    if "error" in outcome:
+        log.error("run failed: %s", outcome["error"])
         return 1
+    result = outcome["result"]
     lost = [e["t"] for e in result.events if e["kind"] == "worker_lost"]
     opened = [e["t"] for e in result.events if e["kind"] == "generation"]
     log.info("finished %d steps in %.1f s; final loss %.4f", result.metrics["step"], time.monotonic() - started,
