@@ -76,10 +76,11 @@ class UserCallback:
         such hook (its groups restart rather than resize)."""
 
     def on_run_end(self, run_context: TrainRunContext, result: Result) -> None:
-        """The run ended, its workers are gone, and its record is written. `result.error` is the
-        `TrainingFailedError` that `fit()` raises next (None when the run finished or was
-        stopped). An exception raised here fails a finished run with `ControllerError`; it is
-        logged and ignored when the run already failed, whose error is kept."""
+        """The run ended and its workers are gone; its record's final write follows (it records
+        what this hook decides). `result.error` is the `TrainingFailedError` that `fit()` raises
+        next (None when the run finished or was stopped). An exception raised here fails a finished
+        run with `ControllerError`; it is logged and ignored when the run already failed, whose
+        error is kept. Not called when the supervisor itself died (`fit()` raises `ControllerError`)."""
 
 
 class CallbackRunner:

@@ -248,6 +248,9 @@ class ElasticConfig:
     """Base URL of the metadata service, instead of each cloud's own (a proxy, or a test server)."""
     preemption_poll_interval_s: float = 1.0
     """How often the pollers (and the supervisor, for Ray's draining nodes) ask for a preemption notice."""
+    preemption_info_timeout_s: float = 300.0
+    """How long `get_preemption_info()` (a barrier) waits for every rank to call it; then it raises in
+    the loop, saying that every rank must call it alike."""
     watch_ray_drains: bool = True
     """Treat a node that Ray drains (`ray drain-node`, KubeRay's SIGTERM handling, the autoscaler) as a
     preemption notice for the workers on it."""

@@ -488,14 +488,14 @@ def test_storage_context_has_rays_paths(tmp_path):
     root = str(tmp_path / "storage")
     assert (storage.storage_path, storage.storage_fs_path, storage.experiment_dir_name) == (root, root, "my-run")
     assert storage.experiment_fs_path == posixpath.join(root, "my-run") == ctx.get_trial_dir()
-    path = storage.build_checkpoint_path_from_name("dcp/epoch_3")
-    assert path == posixpath.join(root, "my-run", "dcp/epoch_3")
-    assert storage.extract_checkpoint_dir_name_from_path(path) == "dcp/epoch_3"
+    path = storage.build_checkpoint_path_from_name("dcp_epoch_3")
+    assert path == posixpath.join(root, "my-run", "dcp_epoch_3")
+    assert storage.extract_checkpoint_dir_name_from_path(path) == "dcp_epoch_3"
     storage.storage_filesystem.makedirs(path, exist_ok=True)  # an fsspec filesystem, on the fs path
     storage.storage_filesystem.pipe_file(posixpath.join(path, "shard_0"), b"x")
-    assert (tmp_path / "storage" / "my-run" / "dcp" / "epoch_3" / "shard_0").read_bytes() == b"x"
-    for bad in ("", "/abs", "../other-run", "a/../../b"):
-        with pytest.raises(ValueError, match="relative name under the run's folder"):
+    assert (tmp_path / "storage" / "my-run" / "dcp_epoch_3" / "shard_0").read_bytes() == b"x"
+    for bad in ("", "/abs", "..", "../other-run", "dcp/epoch_3"):
+        with pytest.raises(ValueError, match="directly under the run's folder"):
             storage.build_checkpoint_path_from_name(bad)
 
 
@@ -595,10 +595,11 @@ def test_ray_only_config_fields_say_what_to_use_instead(make, field):
 
 
 # == 3. report() and its keywords ==================================================================
-def _run(run_dirs, loop, num_workers=2, name="run", **config):
+def _run(run_dirs, loop, num_workers=2, name="run", checkpoint_config=None, **config):
     return TorchTrainer(loop, train_loop_config={"log_dir": run_dirs["log_dir"], **config},
                         scaling_config=ScalingConfig(num_workers=num_workers),
-                        run_config=RunConfig(name=name, storage_path=run_dirs["storage"])).fit()
+                        run_config=RunConfig(name=name, storage_path=run_dirs["storage"],
+                                             checkpoint_config=checkpoint_config)).fit()
 
 
 def epochs_loop(config):
@@ -622,7 +623,9 @@ def epochs_loop(config):
 
 @pytest.mark.timeout(120)
 def test_every_reported_checkpoint_is_kept_and_sync_returns_once_committed(local_ray, run_dirs):
-    result = _run(run_dirs, epochs_loop, epochs=3, mode=CheckpointUploadMode.SYNC)
+    # A cadence that would store every 2nd checkpoint: a SYNC report is stored whatever the cadence.
+    result = _run(run_dirs, epochs_loop, epochs=3, mode=CheckpointUploadMode.SYNC,
+                  checkpoint_config=train.CheckpointConfig(persist_every_n_reports=2))
     # Ray's contract: every reported checkpoint is kept (num_to_keep unset), in order.
     assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
     assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["epoch_0", "epoch_1", "epoch_2"]
@@ -745,3 +748,14 @@ def test_checkpoint_upload_fn_stores_the_users_way_and_the_checkpoint_is_committ
     with result.checkpoint.as_directory() as d:
         assert open(os.path.join(d, "step.txt")).read() == "2"
     assert set(result.checkpoint.manifest.files) == {"step.txt"}
+
+
+@pytest.mark.timeout(10)
+def test_a_folder_name_that_passes_for_one_of_ours_is_refused():
+    from elastic_train.checkpoint.storage import check_named_folder
+
+    check_named_folder("epoch_5", 5, 0)
+    check_named_folder("checkpoint_000005_g0000", 5, 0)  # the attempt's own name (checkpoint_upload_fn's default)
+    for reserved in ("checkpoint_000005", "checkpoint_7", "checkpoint_000005_g0001"):
+        with pytest.raises(train.CheckpointError, match="elastic_train's own folders; pick another"):
+            check_named_folder(reserved, 5, 0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import posixpath
@@ -34,7 +35,7 @@ import re
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from fsspec.core import url_to_fs
@@ -47,6 +48,7 @@ from elastic_train.errors import CheckpointError, ConfigError, StorageError
 logger = logging.getLogger(__name__)
 
 _FOLDER = re.compile(r"checkpoint_(\d+)(?:_g(\d+))?$")
+_READ_CHUNK = 8 << 20  # bytes read at a time when checksumming a stored file
 _SCRATCH = re.compile(r"\..+\.[0-9a-f]{12}\.tmp$")  # a local file being written (`_put_local`)
 LEGACY_GENERATION = -1  # a folder named by index alone, as releases before attempts wrote them
 
@@ -58,12 +60,17 @@ class Attempt:
 
     index: int
     generation: int
-    name: str | None = field(default=None, compare=False)  # a folder the report named (None: ours)
+    name: str = ""  # a folder the report named ("": ours)
+
+    def __post_init__(self) -> None:
+        if self.name is None or self.name == self._own_dirname():  # one folder, one attempt, one key
+            object.__setattr__(self, "name", "")
 
     @property
     def dirname(self) -> str:
-        if self.name is not None:
-            return self.name
+        return self.name or self._own_dirname()
+
+    def _own_dirname(self) -> str:
         if self.generation == LEGACY_GENERATION:
             return f"checkpoint_{self.index:06d}"
         return f"checkpoint_{self.index:06d}_g{self.generation:04d}"
@@ -88,7 +95,7 @@ class CommittedCheckpoint:
 
     @property
     def attempt(self) -> Attempt:
-        return Attempt(self.index, self.generation, self.name)
+        return Attempt(self.index, self.generation, self.name or "")
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -106,6 +113,15 @@ class CommitRefused(CheckpointError):
 
 def checkpoint_dirname(index: int, generation: int) -> str:
     return Attempt(index, generation).dirname
+
+
+def check_named_folder(name: str, index: int, generation: int) -> None:
+    """A folder a report names must not pass for one of ours (`checkpoint_<index>[_g<generation>]`):
+    it would be read back as another attempt, and swept or retained as such."""
+    if _FOLDER.match(name) and name != checkpoint_dirname(index, generation):
+        raise CheckpointError(
+            f"checkpoint folder name {name!r}: names like checkpoint_<digits>[_g<digits>] are elastic_train's own "
+            "folders; pick another, e.g. f'epoch_{epoch}'.")
 
 
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -211,23 +227,32 @@ class RunStorage:
             if problems:
                 raise CommitRefused(f"not committing {url}: {'; '.join(problems)}")
             self._put(posixpath.join(self.folder(attempt), MANIFEST), manifest.to_json().encode(), f"committing {url}")
-        return CommittedCheckpoint(index, url, manifest, attempt.generation, attempt.name)
+        return CommittedCheckpoint(index, url, manifest, attempt.generation, attempt.name or None)
 
     def stored_facts(self, name: str) -> dict[str, dict[str, Any]]:
         """Size and checksum of every file under the folder `name` of the run (a checkpoint the
-        loop wrote there itself): what its manifest will list. Reads every file once."""
+        loop wrote there itself): what its manifest will list. Reads every file once, streamed: a
+        checkpoint of any size is never held in memory whole."""
         folder = posixpath.join(self.root, name)
         self.fs.invalidate_cache(folder)
         paths = self.retry.call(f"listing {self.url(name)}", self.fs.find, folder)
         prefix = self.fs._strip_protocol(folder).rstrip("/") + "/"
-        files = {}
+        facts = {}
         for path in paths:
             rel = self.fs._strip_protocol(path)[len(prefix):]
             if rel != MANIFEST and not _SCRATCH.match(posixpath.basename(rel)):
-                files[rel] = self.retry.call(f"reading {self.url(name, rel)}", self.fs.cat_file, path)
-        if not files:
+                facts[rel] = self.retry.call(f"reading {self.url(name, rel)}", self._streamed_facts, path)
+        if not facts:
             raise CheckpointError(f"{self.url(name)} holds no file: write the checkpoint there before reporting it.")
-        return file_facts(files)
+        return facts
+
+    def _streamed_facts(self, path: str) -> dict[str, Any]:
+        digest, size = hashlib.sha256(), 0
+        with self.fs.open(path, "rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        return {"size": size, "sha256": digest.hexdigest()}
 
     def name_of(self, path: str) -> str:
         """The folder name, under this run's folder, of a checkpoint at `path`; a clear error for a
@@ -343,7 +368,7 @@ class RunStorage:
                 logger.warning("skipping %s: its manifest %s is unreadable (%s)", attempt.dirname, manifest_path, exc)
                 continue
             found.append(CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation,
-                                             attempt.name))
+                                             attempt.name or None))
         return found
 
     def read_verified(self, checkpoint: CommittedCheckpoint) -> dict[str, bytes]:

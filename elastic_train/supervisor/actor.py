@@ -137,7 +137,7 @@ class Supervisor:
             self._event("run_started", expected_workers=self._expected_initial)
         self._adopted.set()
         if self._elastic.watch_ray_drains:
-            asyncio.ensure_future(self._watch_ray_drains())
+            self._track(self._watch_ray_drains())
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -480,12 +480,17 @@ class Supervisor:
 
     def _settle_hopeless(self) -> None:
         """Reports held back for a checkpoint that can no longer commit are let through without it: its
-        generation rewound past it, a part was given up, or a worker that had to store a part is gone."""
+        generation rewound past it, a part was given up, a worker that had to store a part (or, for
+        one the loop stored itself, every rank that registered it) is gone; or, under a cadence that
+        replaces waiting uploads, a newer generation's checkpoint replaced it before its upload began."""
         live = self._pool.live_ids()
         for generation, index in self._feed.awaiting():
             entry = self._ledger.entries.get(index)
             if (entry is None or entry.generation != generation or entry.given_up
-                    or any(wid not in live and wid not in entry.persisted for wid, _ in entry.parts.values())):
+                    or entry.unstored() - live
+                    or (entry.registered and not entry.persisted
+                        and not {w.worker_id for w in self._members() if w.rank in entry.registered_by} & live)
+                    or (self._cadence.replaceable and generation < self._generation and not entry.persisted)):
                 self._settled(generation, index, None)
 
     def _holds(self) -> dict[int, set[tuple[int, int]]]:
@@ -563,6 +568,7 @@ class Supervisor:
         loader_states: list[dict[str, Any]],
         dir_name: str | None = None,
         registered: bool = False,
+        sync: bool = False,
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
         `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
@@ -580,23 +586,26 @@ class Supervisor:
             entry.registered = entry.persist = True
             entry.registered_by.add(w.rank)
         elif names is not None and entry.persist is None:
-            entry.persist = self._cadence.choose(index, time.monotonic())
+            # A SYNC report waits for its commit: it is stored whatever the cadence.
+            entry.persist = sync or self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
-        if entry.complete:  # a report is made once every rank made it: then it counts (metrics, callbacks)
-            first = entry.metrics_by_rank[0]
-            self._metrics = dict(first)
-            self._history.append({**first, "_index": index, "_generation": generation, "_world_size": world_size,
-                                  "_time": time.time()})
+        if entry.complete and not entry.made:  # made once every rank made it: then it counts
+            entry.made = True
+            first = entry.metrics_by_rank.get(0)  # None: made before a supervisor restart, retried since
+            if first is not None:
+                self._metrics = dict(first)
+                self._history.append({**first, "_index": index, "_generation": generation,
+                                      "_world_size": world_size, "_time": time.time()})
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = self._resize_at is not None and index >= self._resize_at
             self._feed.made(ReportRecord(index, generation, world_size,
-                                         [entry.metrics_by_rank[r] for r in range(world_size)]),
+                                         [entry.metrics_by_rank.get(r, {}) for r in range(world_size)]),
                             awaits_commit=bool(entry.persist))
             self._fed.set()
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
-        else:
+        elif not entry.complete:
             await self._barriers.setdefault(index, asyncio.Event()).wait()
         if self._rejects(w, generation, index):
             return ReportReply(accepted=False)
@@ -654,17 +663,22 @@ class Supervisor:
         """For `report(checkpoint_upload_mode=SYNC / NO_UPLOAD)`: wait until checkpoint `index` of
         `generation` is committed, or known never to be (None); and whether `generation` is over."""
         await self._adopted.wait()
-        await self._until(lambda: (generation, index) not in self._feed.awaiting(), timeout_s)
+        await self._until(lambda: (generation, index) not in self._feed.awaiting() or self._over(generation),
+                          timeout_s)
         committed = next((c for c in self._commits.committed if (c.generation, c.index) == (generation, index)), None)
-        over = generation != self._generation or self._state not in (RunState.RUNNING, RunState.RESIZING)
-        return committed, over
+        return committed, self._over(generation)
+
+    def _over(self, generation: int) -> bool:
+        """Has `generation` ended (its members are to leave it)?"""
+        return generation != self._generation or self._state not in (RunState.RUNNING, RunState.RESIZING)
 
     async def reported_checkpoints(self, generation: int, index: int,
                                    timeout_s: float) -> list[tuple[CommittedCheckpoint, dict[str, Any]]]:
         """For `get_all_reported_checkpoints()`: once the checkpoints reported up to `index` of
         `generation` are settled, the committed ones, oldest first, with the metrics reported beside them."""
         await self._adopted.wait()
-        await self._until(lambda: not any(g == generation and i <= index for g, i in self._feed.awaiting()), timeout_s)
+        await self._until(lambda: self._over(generation)
+                          or not any(g == generation and i <= index for g, i in self._feed.awaiting()), timeout_s)
         return [(c, c.metrics) for c in self._commits.committed]
 
     async def upload_waited(self, worker_id: int, index: int, waited_s: float) -> None:
@@ -749,7 +763,8 @@ class Supervisor:
         w = await self._record(worker_id)
         if w is None or self._rejects(w, generation, index):
             return False, None
-        info = await self._notices.agree(generation, call, w.rank, self._world_size, self._leaving)
+        info = await self._notices.agree(generation, call, w.rank, self._world_size, self._leaving,
+                                         self._elastic.preemption_info_timeout_s)
         if self._rejects(w, generation, index):
             return False, None
         if info is not None and self._state is RunState.RESIZING and self._resize_at is None:
@@ -789,7 +804,6 @@ class Supervisor:
         if not self._state.terminal:
             self._fail(message)
             self._wake.set()
-
 
 
     # == for the driver and tests ===================================================================

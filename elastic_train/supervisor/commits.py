@@ -153,7 +153,7 @@ class Commits:
         # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
         live = self._live_workers()
         writing = {Attempt(i, e.generation, e.dir_name) for i, e in list(self._ledger.entries.items())
-                   if e.persist and any(wid in live and wid not in e.persisted for wid, _ in e.parts.values())}
+                   if e.unstored() & live}
         try:
             for torn in self._ledger.abandoned_before(index, live):
                 await loop.run_in_executor(None, self._storage.delete, Attempt(*torn))

@@ -30,6 +30,7 @@ class ReportEntry:
     committed: bool = False
     given_up: bool = False  # a part could not be stored: this index will never commit
     unwind: bool = False  # the group re-forms after this report (decided when the last rank reports it)
+    made: bool = False  # every rank reported it, and the supervisor acted on that (once)
     dir_name: str | None = None  # the folder the report named (`checkpoint_dir_name`); None: ours
     registered: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
     registered_by: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it
@@ -46,6 +47,10 @@ class ReportEntry:
     def ready_to_commit(self) -> bool:
         stored = (self.registered and bool(self.persisted)) or (bool(self.parts) and self.names <= set(self.file_facts()))
         return self.complete and stored and not self.committed and not self.given_up
+
+    def unstored(self) -> set[int]:
+        """The workers told to store a part of this checkpoint that have not reported it stored."""
+        return {wid for wid, _ in self.parts.values() if wid not in self.persisted} if self.persist else set()
 
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory: its reporters, by rank, then replica keepers."""
@@ -129,7 +134,7 @@ class CheckpointLedger:
             if i >= index or e.committed or not e.persisted:
                 continue
             e.given_up = True
-            if e.persist and any(wid in live_workers and wid not in e.persisted for wid, _ in e.parts.values()):
+            if e.unstored() & live_workers:
                 continue
             e.persisted.clear()
             if e.dir_name not in names:

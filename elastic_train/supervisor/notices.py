@@ -67,9 +67,10 @@ class Notices:
         return self._max != -1 and self.count > self._max
 
     async def agree(self, generation: int, call: int, rank: int, world_size: int,
-                    leaving: Callable[[], list[Leaving]]) -> PreemptionInfo | None:
+                    leaving: Callable[[], list[Leaving]], timeout_s: float) -> PreemptionInfo | None:
         """Call number `call` of `get_preemption_info()` by `rank`: returns, once every rank made it,
-        the answer decided when the last one did (`leaving()` then)."""
+        the answer decided when the last one did (`leaving()` then). Raises if the other ranks do
+        not make it within `timeout_s`: a loop that asks on some ranks only would hang."""
         self.asked_in.add(generation)
         barrier = self._calls.setdefault((generation, call), _Call())
         barrier.arrived.add(rank)
@@ -77,8 +78,14 @@ class Notices:
             barrier.info = preemption_info(leaving())
             del self._calls[(generation, call)]
             barrier.answered.set()
-        else:
-            await barrier.answered.wait()
+            return barrier.info
+        try:
+            await asyncio.wait_for(barrier.answered.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise RuntimeError(
+                f"get_preemption_info() call {call} waited preemption_info_timeout_s={timeout_s}s for ranks "
+                f"{sorted(set(range(world_size)) - barrier.arrived)}: every rank must call it the same number of "
+                "times (it is a barrier, as in Ray Train).") from None
         return barrier.info
 
     def release(self) -> None:

@@ -190,7 +190,7 @@ class TrainWorker:
             TrainContext(assignment, self._spec.run, self._spec.storage),
             self._keep_snapshot,
             self.read_checkpoint,
-            self._persister.submit,
+            lambda part: self._persister.submit(part, cancelled=self._ended.is_set),
             self._ended.is_set,
             self._spec.storage,
             self._spec.elastic.persist_flush_timeout_s,
@@ -242,6 +242,7 @@ class TrainWorker:
     def _on_generation_ended(self, generation: int) -> None:
         if self._generation == generation:
             self._ended.set()
+            self._persister.interrupt()  # a report waiting for upload room unwinds
             self._group.abort(generation)
 
     def _flush_last_checkpoint(self, session: TrainSession) -> None:

@@ -49,13 +49,12 @@ class StorageContext:
     def build_checkpoint_path_from_name(self, checkpoint_name: str) -> str:
         """The folder, on `storage_filesystem`, of the checkpoint named `checkpoint_name`: where a loop
         writes a checkpoint itself before `report(..., checkpoint_dir_name=checkpoint_name,
-        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)` registers it. A name may hold
-        sub-folders, but must stay under the run's folder."""
-        parts = checkpoint_name.split("/")
-        if not checkpoint_name or checkpoint_name.startswith("/") or ".." in parts:
+        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)` registers it: a folder directly
+        under the run's folder (committed checkpoints are listed there)."""
+        if not checkpoint_name or "/" in checkpoint_name or checkpoint_name in (".", ".."):
             raise ValueError(
-                f"checkpoint name {checkpoint_name!r}: use a relative name under the run's folder, "
-                "e.g. 'checkpoint_epoch_3' (no leading '/', no '..')."
+                f"checkpoint name {checkpoint_name!r}: use a folder name directly under the run's folder, "
+                "e.g. 'epoch_3' (no '/')."
             )
         return posixpath.join(self.experiment_fs_path, checkpoint_name)
 

@@ -80,12 +80,15 @@ class Persister:
         self._thread = threading.Thread(target=self._run, name="elastic-persist", daemon=True)
         self._thread.start()
 
-    def submit(self, part: PartUpload) -> float:
-        """Queue `part`; returns how long it waited for room (seconds)."""
+    def submit(self, part: PartUpload, cancelled: Callable[[], bool] = lambda: False) -> float | None:
+        """Queue `part`; returns how long it waited for room (seconds), or None if `cancelled()` came
+        true first (checked at `interrupt()`): then it is not queued."""
         started = time.monotonic()
         with self._changed:
             self._changed.wait_for(lambda: len(self._pending) < self._max_queued or self._closed
-                                   or self._pending[-1].replaceable)
+                                   or self._pending[-1].replaceable or cancelled())
+            if cancelled():
+                return None
             if self._pending and self._pending[-1].replaceable:
                 logger.info("checkpoint %d replaced by %d before its upload started", self._pending[-1].index,
                             part.index)
@@ -93,6 +96,11 @@ class Persister:
             self._pending.append(part)
             self._changed.notify_all()
         return time.monotonic() - started
+
+    def interrupt(self) -> None:
+        """Wake a `submit` waiting for room, to check whether it was cancelled."""
+        with self._changed:
+            self._changed.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every submitted part is stored or given up; False if `timeout_s` passed first."""

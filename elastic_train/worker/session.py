@@ -20,7 +20,7 @@ import ray
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local
 from elastic_train.checkpoint.modes import CheckpointUploadMode
-from elastic_train.checkpoint.storage import RunStorage, checkpoint_dirname
+from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.errors import CheckpointError
 from elastic_train.protocol import HeldCheckpoint, PreemptionInfo, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
@@ -96,7 +96,7 @@ class TrainSession:
         context: TrainContext,
         keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
-        persist: Callable[[PartUpload], None],
+        persist: Callable[[PartUpload], float | None],
         generation_ended: Callable[[], bool],
         storage: RunStorage,
         settle_timeout_s: float,
@@ -139,11 +139,14 @@ class TrainSession:
         files: dict[str, bytes] | None = None
         registered = False
         if checkpoint is not None:
+            if dir_name is not None:
+                check_named_folder(dir_name, self.index, assignment.generation)
             if upload_fn is not None:  # the user's upload, into the run's folder; then registered as stored
                 dir_name = dir_name or checkpoint_dirname(self.index, assignment.generation)
                 checkpoint, mode = upload_fn(checkpoint, dir_name), CheckpointUploadMode.NO_UPLOAD
             if mode is CheckpointUploadMode.NO_UPLOAD:
                 dir_name, registered = self._storage.name_of(checkpoint.path), True
+                check_named_folder(dir_name, self.index, assignment.generation)
             else:
                 files = checkpoint.files()
                 if delete_local:
@@ -154,7 +157,8 @@ class TrainSession:
                                       loader_states), files)
         reply = self._supervisor.report.remote(
             self.worker_id, assignment.generation, self.index, dict(metrics),
-            sorted(files) if files is not None else None, loader_states, dir_name, registered)
+            sorted(files) if files is not None else None, loader_states, dir_name, registered,
+            mode is CheckpointUploadMode.SYNC)
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
@@ -203,6 +207,8 @@ class TrainSession:
             self.unpersisted = None if reply.persist else part
             if reply.persist:
                 waited = self._persist(part)
+                if waited is None:  # the generation ended while the report waited for upload room
+                    raise GenerationEnded()
                 if waited > UPLOAD_WAIT_NOTED_S:
                     self._supervisor.upload_waited.remote(self.worker_id, index, waited)
         return reply.unwind
