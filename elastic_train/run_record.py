@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import posixpath
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -83,9 +82,7 @@ class RunRecord:
             logger.warning("%s is not written: the trainer could not be pickled (%s); TorchTrainer.restore(%r) "
                            "will need the loop passed again", TRAINER, exc, self._storage.url())
         else:
-            self._write(TRAINER, lambda: self._storage.retry.call(
-                f"writing {self._storage.url(TRAINER)}", self._storage.fs.pipe_file,
-                posixpath.join(self._storage.root, TRAINER), data))
+            self._write(TRAINER, lambda: self._storage.write_bytes(TRAINER, data))
         self._put(RUN, self._run)
         self._write_lists()
 
@@ -128,19 +125,9 @@ class RunRecord:
             return False
 
 
-def _read(storage: RunStorage, name: str) -> bytes | None:
-    path = posixpath.join(storage.root, name)
-    try:
-        return storage.retry.call(f"reading {storage.url(name)}", storage.fs.cat_file, path)
-    except StorageError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
-            return None
-        raise
-
-
 def read_json(storage: RunStorage, name: str, default: Any) -> Any:
     """A JSON file of the record; `default` when it is missing."""
-    raw = _read(storage, name)
+    raw = storage.read(name)
     if raw is None:
         return default
     try:
@@ -152,7 +139,7 @@ def read_json(storage: RunStorage, name: str, default: Any) -> Any:
 def load_trainer(storage: RunStorage) -> dict[str, Any]:
     """The trainer's arguments from `trainer.pkl`. This unpickles, that is runs, code from storage:
     only `TorchTrainer.restore` without a loop calls it."""
-    raw = _read(storage, TRAINER)
+    raw = storage.read(TRAINER)
     if raw is None:
         raise ConfigError(
             f"TorchTrainer.restore({storage.url()!r}): there is no {TRAINER}, so the training loop cannot be "

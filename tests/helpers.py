@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import ray
+
 import elastic_train as et
 from tests.loops import linear_regression_loop
 
@@ -66,3 +68,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def actor_exists(name: str) -> bool:
+    """Is a named Ray actor alive (a dead driver's supervisor goes with it)?"""
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True

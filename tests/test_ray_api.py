@@ -45,7 +45,7 @@ from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIEr
 from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
 from elastic_train.worker.persister import PartUpload, Persister
 from tests.conftest import ROOT, ray_runtime_env
-from tests.helpers import make_trainer, wait_for
+from tests.helpers import actor_exists, make_trainer, wait_for
 from tests.loops import large_shard_loop, log_progress, read_progress
 
 
@@ -302,7 +302,7 @@ def test_from_path_after_the_driver_was_killed_and_restore_without_the_loop(loca
     assert left.error is None and left.best_checkpoints and left.events[0]["kind"] == "run_started"
     with left.checkpoint.as_directory() as d:
         assert sorted(os.listdir(d)) == ["shard_0.bin", "shard_1.bin"]
-    wait_for(lambda: not _actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
+    wait_for(lambda: not actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
 
     restored = train.TorchTrainer.restore(str(run), train_loop_config={**args["config"], "steps_after_restore": 2})
     assert restored.train_loop_per_worker is large_shard_loop
@@ -311,14 +311,6 @@ def test_from_path_after_the_driver_was_killed_and_restore_without_the_loop(loca
     resumed_from = result.metrics_history[0]["step"] - 1
     assert resumed_from >= left.best_checkpoints[-1][1]["step"]  # the newest committed checkpoint, or newer
     assert [m["step"] for m in result.metrics_history] == [resumed_from + 1, resumed_from + 2]
-
-
-def _actor_exists(name: str) -> bool:
-    try:
-        ray.get_actor(name)
-    except ValueError:
-        return False
-    return True
 
 
 def test_errors_pickle_whole():

@@ -21,7 +21,7 @@ from elastic_train.checkpoint.manifest import MANIFEST, Manifest
 from elastic_train.checkpoint.storage import Attempt, RunStorage
 from elastic_train.trainer import supervisor_name
 from tests.conftest import ROOT, ray_runtime_env
-from tests.helpers import wait_for
+from tests.helpers import actor_exists, wait_for
 from tests.loops import large_shard_loop, read_progress, sharded_directory_loop
 
 SHARD_MB = 8
@@ -63,7 +63,7 @@ def test_driver_killed_while_writing_resumes_from_a_whole_checkpoint(local_ray, 
     old_pids = {p["pid"] for p in read_progress(run_dirs["log_dir"])}
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in old_pids), 60, "the dead driver's workers to go")
-    wait_for(lambda: not _actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
+    wait_for(lambda: not actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
 
     result = et.TorchTrainer(
         large_shard_loop,
@@ -85,14 +85,6 @@ def test_driver_killed_while_writing_resumes_from_a_whole_checkpoint(local_ray, 
     assert _folders(fs, run)[1] == []
     for checkpoint in list_checkpoints(result.path, s3_bucket["options"]):
         assert verify_checkpoint(result.path, checkpoint.index, s3_bucket["options"]) == []
-
-
-def _actor_exists(name: str) -> bool:
-    try:
-        ray.get_actor(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _sharded_trainer(run_dirs: dict, s3_bucket: dict, steps: int) -> et.TorchTrainer:

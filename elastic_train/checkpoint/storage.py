@@ -268,7 +268,15 @@ class RunStorage:
         return name
 
     def write_text(self, name: str, text: str) -> None:
-        self._put(posixpath.join(self.root, name), text.encode(), f"writing {self.url(name)}")
+        self.write_bytes(name, text.encode())
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a file of the run's folder (not a checkpoint) whole."""
+        self._put(posixpath.join(self.root, name), data, f"writing {self.url(name)}")
+
+    def read(self, name: str) -> bytes | None:
+        """A file of the run's folder (not a checkpoint); None when it is missing."""
+        return self._read(posixpath.join(self.root, name))
 
     def _put(self, path: str, data: bytes, what: str) -> None:
         self.retry.call(what, self._put_local if is_local(self.fs) else self.fs.pipe_file, path, data)
