@@ -130,6 +130,7 @@ class GenerationProcessGroup:
             timeout=timedelta(seconds=self._collective_timeout_s),
             **(self._nccl_options() if self.backend == "nccl" else {}),
         )
+        _export_env(assignment)
         group = dist.group.WORLD
         listeners, fallback = None, []
         if self.backend == "gloo":
@@ -245,6 +246,21 @@ class _Teardown(threading.Thread):
     def finished(self, timeout_s: float) -> bool:
         """Wait until the teardown is done, at most `timeout_s` after it started."""
         return self._done.wait(max(0.0, self._started_at + timeout_s - time.monotonic()))
+
+
+def _export_env(assignment: Assignment) -> None:
+    """The variables torchrun and Ray Train set, for the generation just joined: frameworks (Hugging
+    Face Accelerate, Lightning's environment detection) read the world from them, and they change
+    with every re-form."""
+    os.environ.update({
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(assignment.master_port),
+        "RANK": str(assignment.rank),
+        "WORLD_SIZE": str(assignment.world_size),
+        "LOCAL_RANK": str(assignment.local_rank),
+        "LOCAL_WORLD_SIZE": str(assignment.local_world_size),
+        "NODE_RANK": str(assignment.node_rank),
+    })
 
 
 def _abort_groups(groups: list[dist.ProcessGroup], generation: int | None) -> None:

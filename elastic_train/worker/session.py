@@ -277,11 +277,23 @@ class TrainSession:
 
 
 _current: TrainSession | None = None
+_session_hooks: list[Callable[[TrainSession], None]] = []
+
+
+def on_session_start(hook: Callable[[TrainSession], None]) -> None:
+    """Call `hook(session)` whenever a generation's session starts in this process, before the loop
+    runs: a framework that keeps the world in process-wide state (Accelerate's `PartialState`)
+    resets it there, since a survivor's process outlives its generation."""
+    if hook not in _session_hooks:
+        _session_hooks.append(hook)
 
 
 def set_session(session: TrainSession | None) -> None:
     global _current
     _current = session
+    if session is not None:
+        for hook in list(_session_hooks):
+            hook(session)
 
 
 def current_session() -> TrainSession | None:
