@@ -1,4 +1,5 @@
-"""Shared fixtures: a real local Ray instance, and a clean storage folder per test."""
+"""Shared fixtures: a real local Ray instance (shared by consecutive tests), a clean storage folder per
+test, a real S3 endpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.helpers import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -19,17 +22,58 @@ def ray_runtime_env() -> dict:
     return {"env_vars": {"PYTHONPATH": str(ROOT)}}
 
 
+RAY_RELEASE_TIMEOUT_S = 60.0  # how long a test's run may take to give back what it held on the shared instance
+_shared_cpus: int | None = None  # the CPUs of the shared local instance while it runs
+
+
+def start_ray(num_cpus: int) -> None:
+    """Connect to a local Ray instance of `num_cpus` CPUs: the shared one when it has that many, else
+    a fresh one. Starting Ray takes seconds and most tests need the same instance, so consecutive
+    tests share it; `release_ray()` checks that each left it as it found it."""
+    global _shared_cpus
+    if ray.is_initialized() and _shared_cpus == num_cpus:
+        return
+    stop_ray()
+    ray.init(num_cpus=num_cpus, runtime_env=ray_runtime_env(), include_dashboard=False)
+    _shared_cpus = num_cpus
+
+
+def release_ray() -> None:
+    """End a test on the shared instance: its run must have given back every CPU and ended every named
+    actor (its supervisor) - else the library leaked them, the test fails, and the instance is
+    replaced so that the next test starts clean."""
+    def leftovers() -> tuple[float, list]:
+        held = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+        return held, ray.util.list_named_actors(all_namespaces=True)
+
+    try:
+        wait_for(lambda: leftovers() == (0, []), RAY_RELEASE_TIMEOUT_S, "the run to give back its CPUs and actors")
+    except AssertionError:
+        held, named = leftovers()
+        stop_ray()
+        pytest.fail(f"the test's run left {held:g} CPUs held and named actors {named} alive "
+                    f"{RAY_RELEASE_TIMEOUT_S:g}s after it ended")
+
+
+def stop_ray() -> None:
+    """Shut down whatever Ray this process is connected to (before a test starts its own)."""
+    global _shared_cpus
+    ray.shutdown()
+    _shared_cpus = None
+
+
 @pytest.fixture
 def local_ray():
-    """A fresh 2-CPU Ray instance on this machine."""
-    ray.init(num_cpus=2, runtime_env=ray_runtime_env(), include_dashboard=False)
+    """A 2-CPU Ray instance on this machine, shared by consecutive tests (see `start_ray`)."""
+    start_ray(2)
     yield
-    ray.shutdown()
+    release_ray()
 
 
 @pytest.fixture
 def three_node_cluster():
     """A simulated cluster: a head with 0 CPUs and 3 nodes of 1 CPU each; yields (cluster, nodes)."""
+    stop_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
     cluster.wait_for_nodes()

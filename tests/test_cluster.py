@@ -9,7 +9,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import elastic_train as et
-from tests.conftest import ray_runtime_env
+from tests.conftest import ray_runtime_env, stop_ray
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
@@ -52,6 +52,7 @@ def test_machine_notice_places_the_replacement_on_another_machine_with_no_step_l
     """A cloud's preemption notice is for the machine: the replacement, requested at once, goes to
     another machine even where the leaving one has room, and the fixed-size run goes on at 2 from
     the state handed over, with no step redone."""
+    stop_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     leaving = cluster.add_node(num_cpus=6)  # room for both workers and their replacement
     cluster.wait_for_nodes()

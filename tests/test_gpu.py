@@ -26,7 +26,7 @@ import torch
 
 import elastic_train as et
 from elastic_train.worker.nccl_env import HOSTID_PER_PROCESS, nccl_env
-from tests.conftest import ray_runtime_env
+from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
 
@@ -41,6 +41,7 @@ def gpu_ray():
     env = {**ray_runtime_env()["env_vars"], **nccl_env(), "NCCL_SOCKET_IFNAME": "lo"}
     if gpus < RANKS:
         env[HOSTID_PER_PROCESS] = "1"
+    stop_ray()
     ray.init(num_gpus=gpus, num_cpus=RANKS + 2, runtime_env={"env_vars": env}, include_dashboard=False)
     yield
     ray.shutdown()

@@ -22,7 +22,7 @@ import elastic_train as train
 from elastic_train import Checkpoint, ElasticConfig, FailureConfig, PreemptionError, RunConfig, ScalingConfig
 from elastic_train.supervisor.notices import Leaving, preemption_info
 from elastic_train.torch import TorchTrainer, prepare_model
-from tests.conftest import ray_runtime_env
+from tests.conftest import ray_runtime_env, release_ray, start_ray, stop_ray
 from tests.helpers import fit_in_background, wait_for
 from tests.loops import log_progress, read_progress
 from tests.test_user_programs import flat, my_share, once, reference
@@ -100,24 +100,24 @@ def _assert_seen_alike_and_nothing_redone(result, run_dirs) -> None:
     assert resumed["resume_index"] == first[1], resumed
 
 
+@pytest.fixture
+def ray_3_cpus():
+    """Room for both workers and the replacement of one that leaves under a notice."""
+    start_ray(3)
+    yield
+    release_ray()
+
+
 @pytest.mark.timeout(180)
-def test_sigterm_to_rank_0_every_rank_sees_it_at_the_same_step_and_no_step_is_redone(run_dirs):
-    ray.init(num_cpus=3, runtime_env=ray_runtime_env(), include_dashboard=False)  # room for the replacement
-    try:
-        result = _trainer(run_dirs, sigterm_step=10).fit()
-    finally:
-        ray.shutdown()
+def test_sigterm_to_rank_0_every_rank_sees_it_at_the_same_step_and_no_step_is_redone(ray_3_cpus, run_dirs):
+    result = _trainer(run_dirs, sigterm_step=10).fit()
     _assert_seen_alike_and_nothing_redone(result, run_dirs)
 
 
 @pytest.mark.timeout(120)
-def test_preemptions_over_their_own_budget_fail_the_run_with_preemption_error(run_dirs):
-    ray.init(num_cpus=3, runtime_env=ray_runtime_env(), include_dashboard=False)
-    try:
-        with pytest.raises(PreemptionError) as failed:
-            _trainer(run_dirs, FailureConfig(max_failures=5, max_preemption_failures=0), sigterm_step=4).fit()
-    finally:
-        ray.shutdown()
+def test_preemptions_over_their_own_budget_fail_the_run_with_preemption_error(ray_3_cpus, run_dirs):
+    with pytest.raises(PreemptionError) as failed:
+        _trainer(run_dirs, FailureConfig(max_failures=5, max_preemption_failures=0), sigterm_step=4).fit()
     assert failed.value.preemption_info.preempted_ranks == [0]
     assert isinstance(failed.value, train.TrainingFailedError)
 
@@ -126,6 +126,7 @@ def test_preemptions_over_their_own_budget_fail_the_run_with_preemption_error(ru
 def test_ray_draining_the_node_of_rank_0_is_a_notice_every_rank_sees(run_dirs):
     from ray.core.generated import autoscaler_pb2
 
+    stop_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(3):
         cluster.add_node(num_cpus=1)

@@ -25,7 +25,7 @@ from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.torch import TorchTrainer
 from elastic_train.tune import CHECKPOINT_PATH_KEY, TuneReportCallback, trainer_for_trial
-from tests.conftest import ray_runtime_env
+from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import wait_for
 
 LRS = [1e-1, 1e-2, 1e-3, 1e-4]  # best first: later trials fall below ASHA's cutoff at their first rung
@@ -33,6 +33,7 @@ LRS = [1e-1, 1e-2, 1e-3, 1e-4]  # best first: later trials fall below ASHA's cut
 
 @pytest.fixture(scope="module")
 def ray_for_tune():
+    stop_ray()
     ray.init(num_cpus=6, runtime_env=ray_runtime_env(), include_dashboard=False)
     yield
     ray.shutdown()

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 import elastic_train as train
 from elastic_train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from elastic_train.torch import TorchTrainer, prepare_model
-from tests.conftest import ray_runtime_env
+from tests.conftest import release_ray, start_ray
 from tests.helpers import fit_in_background
 from tests.loops import log_progress, read_progress
 from tests.patterns import step_lines, steps_redone, summary
@@ -31,10 +30,10 @@ from tests.patterns import step_lines, steps_redone, summary
 
 @pytest.fixture
 def ray_4_cpus():
-    """A fresh 4-CPU Ray instance on this machine (room for 4 workers)."""
-    ray.init(num_cpus=4, runtime_env=ray_runtime_env(), include_dashboard=False)
+    """A 4-CPU Ray instance on this machine (room for 4 workers), shared by consecutive tests."""
+    start_ray(4)
     yield
-    ray.shutdown()
+    release_ray()
 
 
 # == what the programs share: a fault once, progress lines, the model and its data ================
