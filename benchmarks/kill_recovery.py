@@ -9,6 +9,9 @@ What: one loop, written once and parameterized by the API module it calls (`elas
 `ray.train`): 2 workers, a small DDP model, a fixed step time, and a checkpoint every step (rank 0
 saves model + optimizer + step into a temporary directory and reports `Checkpoint.from_directory`,
 the other rank reports none: Ray Train's recommended pattern). It resumes from `get_checkpoint()`.
+`--framework lightning|transformers` runs the same workload as a PyTorch Lightning or a Hugging Face
+Transformers loop instead (`benchmarks.lightning_loop`, `benchmarks.transformers_loop`), written the
+way each system's guide for that framework has it, reporting a checkpoint every step.
 Rank 1 SIGKILLs its own process every `--kill-every` steps, each kill once (an O_EXCL marker file
 records its time, so a restarted loop does not kill again; a kill whose step rank 1 did not run,
 because elastic_train was still running on one worker, happens at the next step rank 1 runs). Each
@@ -25,11 +28,13 @@ and takes one report per worker per poll, so reporting every step caps its steps
 `--ray-poll-s` sets that interval (for Ray Train only).
 
     python -m benchmarks.kill_recovery --kills 10 --out results/kill_recovery
+    python -m benchmarks.kill_recovery --framework lightning --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -45,7 +50,7 @@ import ray.train
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
-from benchmarks.common import machine_facts, median_spread, spread, train_loop
+from benchmarks.common import machine_facts, median_spread, spread
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -54,11 +59,15 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_WORKERS = 2
 SYSTEMS = ("elastic_train", "ray_train")
 API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
+# The module whose train_loop(config) runs the workload, per framework.
+FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_loop",
+              "transformers": "benchmarks.transformers_loop"}
 
 
-def run_system(system: str, kills: int, kill_every: int, step_time: float, ray_poll_s: float | None,
-               out: Path) -> dict[str, Any]:
-    """Run the loop under `system` on a fresh Ray instance; returns its measurements."""
+def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
+               ray_poll_s: float | None, out: Path) -> dict[str, Any]:
+    """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
+    train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
@@ -150,9 +159,12 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
     parser.add_argument("--ray-poll-s", type=float, default=None,
                         help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
+                        help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "kill_recovery",
-                        help="folder for kill_recovery.json and each system's logs and checkpoints")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for kill_recovery.json and each system's logs and checkpoints "
+                             "(default: results/kill_recovery, with _<framework> for a framework other than torch)")
     args = parser.parse_args()
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
@@ -160,16 +172,19 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills
-    out = args.out.resolve()
+    suffix = "" if args.framework == "torch" else f"_{args.framework}"
+    out = (args.out or ROOT / "results" / f"kill_recovery{suffix}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = []
     for system in systems:
-        logger.info("%s: %d kills, one every %d steps", system, kills, args.kill_every)
-        results.append(run_system(system, kills, args.kill_every, args.step_time, args.ray_poll_s, out))
+        logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
+        results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
+                                  out))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
+        "framework": args.framework,
         "kills": kills,
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,
@@ -179,7 +194,7 @@ def main() -> None:
         "systems": results,
     }
     (out / "kill_recovery.json").write_text(json.dumps(report, indent=2) + "\n")
-    print("\n" + table(report))
+    print(f"\n{args.framework} loop\n" + table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'kill_recovery.json'}")
 
 
