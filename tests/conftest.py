@@ -71,6 +71,12 @@ def local_ray():
 
 
 @pytest.fixture
+def no_ray():
+    """No Ray instance in this process: for tests that check something is done without starting one."""
+    stop_ray()
+
+
+@pytest.fixture
 def three_node_cluster():
     """A simulated cluster: a head with 0 CPUs and 3 nodes of 1 CPU each; yields (cluster, nodes)."""
     stop_ray()

@@ -40,7 +40,7 @@ def loop(config):
         (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
     ],
 )
-def test_bad_input_is_rejected_before_any_actor_starts(make, message):
+def test_bad_input_is_rejected_before_any_actor_starts(no_ray, make, message):
     with pytest.raises(et.ConfigError, match=message):
         make()
     assert not ray.is_initialized()
