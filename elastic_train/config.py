@@ -36,6 +36,7 @@ def _ray_only(fields: dict[str, str]) -> Callable[[type], type]:
             init(self, *args, **kwargs)
 
         cls.__init__ = __init__
+        cls.RAY_ONLY_FIELDS = dict(fields)
         return cls
     return wrap
 
@@ -65,8 +66,15 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: Mapping[str, float] | None = None
     placement_strategy: str = "PACK"
+    elastic_resize_monitor_interval_s: float = 60.0
+    """Ray Train's; taken so its code runs, with nothing to tune here: Ray re-checks capacity this
+    often and restarts the group to grow, while elastic_train keeps a worker pending and grows at
+    the next report after it starts."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.elastic_resize_monitor_interval_s, (int, float)) or self.elastic_resize_monitor_interval_s < 0:
+            raise ConfigError("ScalingConfig.elastic_resize_monitor_interval_s must be a number of seconds >= 0, "
+                              f"got {self.elastic_resize_monitor_interval_s!r}.")
         n = self.num_workers
         if isinstance(n, list):
             object.__setattr__(self, "num_workers", n := tuple(n))
@@ -125,6 +133,7 @@ class ScalingConfig:
                                        "(see get_preemption_info)",
     "preemption_grace_s": "a worker under SIGTERM stays up ElasticConfig.preemption_sigterm_grace_s to hand "
                           "its state over",
+    "fail_fast": "Ray deprecated it; max_failures=0 (the default) fails the run on the first error",
 })
 @dataclass(frozen=True)
 class FailureConfig:
@@ -147,6 +156,12 @@ class FailureConfig:
                 raise ConfigError(f"FailureConfig.{name}={value!r}: use an integer >= 0, or -1 for no limit.")
 
 
+@_ray_only({
+    "checkpoint_frequency": "Ray deprecated it; report a checkpoint when you want one (store only every n-th "
+                            "with persist_every_n_reports=n)",
+    "checkpoint_at_end": "Ray deprecated it; report a checkpoint at the end of the loop (the last one "
+                         "reported is always stored)",
+})
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Which persisted checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest.
@@ -304,6 +319,10 @@ class ElasticConfig:
     "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
     "logging_config": "configure Python's logging in the loop",
     "sync_config": "checkpoints are written to storage_path directly",
+    "verbose": "Ray deprecated it; the driver logs through the 'elastic_train' logger: set its level",
+    "progress_reporter": "Ray deprecated it; follow reports with a UserCallback in RunConfig(callbacks=[...])",
+    "log_to_file": "Ray deprecated it; configure Python's logging in the loop",
+    "stop": "Ray deprecated it; stop from a UserCallback (raise in after_report) or with TorchTrainer.stop()",
 })
 @dataclass(frozen=True)
 class RunConfig:

@@ -334,6 +334,15 @@ _UNSUPPORTED = {
     "RayDeepSpeedStrategy": (
         "DeepSpeed's ZeRO checkpoints are partitioned by world size, so a run cannot resume in place at another "
         "size from them, and DeepSpeed is not installed with elastic_train. Use RayDDPStrategy."),
+    **dict.fromkeys(("LightningTrainer", "LightningConfigBuilder"), (
+        "Ray removed it (2.7): build a lightning Trainer inside the loop with strategy=RayDDPStrategy(), "
+        "plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], pass it through "
+        "prepare_trainer, and run the loop with elastic_train.torch.TorchTrainer.")),
+    "LightningCheckpoint": (
+        "Ray removed it (2.7): the reported elastic_train.Checkpoint holds RayTrainReportCallback.CHECKPOINT_NAME "
+        "('checkpoint.ckpt'); open it with checkpoint.as_directory() and pass that file to "
+        "LightningModule.load_from_checkpoint or trainer.fit(ckpt_path=...)."),
+    "LightningPredictor": "Ray removed it (2.7): load the checkpoint in your own inference code.",
 }
 __getattr__ = unsupported_getattr("elastic_train.lightning", "ray.train.lightning", _UNSUPPORTED)
 

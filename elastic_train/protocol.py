@@ -26,6 +26,7 @@ class Outcome:
     detail: str = ""  # the traceback for USER_ERROR / COLLECTIVE_ERROR
     held: list[tuple[int, int]] = field(default_factory=list)  # (generation, index) of the parts it holds
     error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
+    returned: bytes | None = None  # FINISHED on rank 0: what the loop returned, pickled (Result.return_value)
 
     @classmethod
     def user_error(cls, generation: int, exc: BaseException, detail: str, exit: Exit = Exit.USER_ERROR) -> "Outcome":
@@ -38,6 +39,18 @@ class Outcome:
         except Exception:  # noqa: BLE001 - any object may sit in an exception's args
             error = None
         return cls(exit, generation, detail, error=error)
+
+    @classmethod
+    def finished(cls, generation: int, returned: Any) -> "Outcome":
+        """The loop returned `returned` (kept when not None: rank 0's becomes `Result.return_value`)."""
+        if returned is None:
+            return cls(Exit.FINISHED, generation)
+        try:
+            pickled = cloudpickle.dumps(returned)
+        except Exception as exc:  # noqa: BLE001 - any object may be returned
+            raise TypeError(f"train_loop_per_worker returned a {type(returned).__name__}, which cannot be pickled: "
+                            "return a picklable value (it becomes Result.return_value) or None.") from exc
+        return cls(Exit.FINISHED, generation, returned=pickled)
 
     def raised(self) -> BaseException:
         """The exception of a USER_ERROR, as the user's code raised it."""

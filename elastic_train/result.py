@@ -47,6 +47,9 @@ class Result:
     metrics reported beside it, oldest first."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """The supervisor's timeline: generations, lost workers, fenced writes, state changes."""
+    return_value: Any = None
+    """What rank 0's `train_loop_per_worker` returned (Ray Train V2), or None. Not kept in the run's
+    folder (nothing there is unpickled): None in `Result.from_path`."""
 
     @property
     def metrics_dataframe(self):

@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Mapping
 
 import ray
+from ray import cloudpickle
 
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import (
@@ -188,7 +189,7 @@ class TorchTrainer:
         if storage_options is None and run_config is not None:
             storage_options = run_config.storage_options
         storage = RunStorage.at(path, storage_options)
-        if read_json(storage, RUN, None) is None and not storage.committed():
+        if not _is_run(storage):
             raise ConfigError(
                 f"TorchTrainer.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
                 "the folder of an earlier run (its Result.path), with the storage_options it used."
@@ -202,6 +203,12 @@ class TorchTrainer:
         run_config = dataclasses.replace(run_config or RunConfig(), storage_path=storage.storage_path,
                                          name=storage.name, storage_options=storage_options)
         return cls(train_loop_per_worker, run_config=run_config, **kwargs)
+
+    @classmethod
+    def can_restore(cls, path: str, *, storage_options: Mapping[str, Any] | None = None) -> bool:
+        """Whether `path` holds a run that `restore(path)` can go on with (Ray Train's check before
+        `restore`): its run record or a committed checkpoint."""
+        return _is_run(RunStorage.at(path, storage_options))
 
     def stop(self, reason: str, timeout_s: float | None = None) -> bool:
         """End the `fit()` under way cleanly, from another thread (Tune's trial clean-up calls it):
@@ -311,6 +318,7 @@ class TorchTrainer:
             metrics_history=summary.metrics_history,
             best_checkpoints=checkpoints,
             events=summary.events,
+            return_value=cloudpickle.loads(summary.returned) if summary.returned is not None else None,
         )
         try:
             callbacks("on_run_end", result)
@@ -385,6 +393,11 @@ def _tune_trial() -> tuple[str | None, str | None]:
         warnings.simplefilter("ignore")
         context = ray.tune.get_context()
         return context.get_trial_name(), context.get_trial_id()
+
+
+def _is_run(storage: RunStorage) -> bool:
+    """Does the folder hold a run: its record, or a committed checkpoint?"""
+    return read_json(storage, RUN, None) is not None or bool(storage.committed())
 
 
 def _failure(summary: RunSummary) -> TrainingFailedError | None:

@@ -36,7 +36,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import elastic_train as train
 from elastic_train import Checkpoint, CheckpointUploadMode, RunConfig, ScalingConfig
+from chaos.storage_proxy import FaultyStorageProxy, StorageFaults
 from elastic_train.checkpoint import list_checkpoints
+from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import Assignment, PreemptionInfo
 from elastic_train.torch import TorchConfig, TorchTrainer
@@ -44,9 +46,10 @@ from elastic_train.trainer import supervisor_name
 from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
 from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
 from elastic_train.worker.persister import PartUpload, Persister
-from tests.conftest import ROOT, ray_runtime_env
+from tests.conftest import ROOT, ray_runtime_env, stop_ray
 from tests.helpers import actor_exists, make_trainer, wait_for
 from tests.loops import large_shard_loop, log_progress, read_progress
+from tests.test_user_programs import once
 
 
 # == 1. The driver side ============================================================================
@@ -333,8 +336,77 @@ def test_unsupported_arguments_fail_clearly():
 
 
 def test_restore_of_a_folder_that_is_no_run_fails_clearly(tmp_path):
+    assert not train.TorchTrainer.can_restore(str(tmp_path / "nothing"))
     with pytest.raises(train.ConfigError, match="neither a run record"):
         train.TorchTrainer.restore(str(tmp_path / "nothing"))
+
+
+class _Planted:
+    """A trainer.pkl that, once unpickled, creates the file `marker`: proof that it was loaded."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_only_restore_without_a_loop_unpickles_and_a_bad_trainer_pkl_fails_clearly(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"state": "FINISHED"}))
+    marker = tmp_path / "unpickled"
+    (run / "trainer.pkl").write_bytes(pickle.dumps(_Planted(str(marker))))
+    # Reading a result, checking, and restoring with the loop read JSON and manifests only.
+    assert train.TorchTrainer.can_restore(str(run))
+    assert train.Result.from_path(str(run)).checkpoint is None
+    assert train.TorchTrainer.restore(str(run), three_epochs).train_loop_per_worker is three_epochs
+    assert not marker.exists()
+    # Restoring without the loop loads trainer.pkl: documented as running code from storage.
+    with pytest.raises(train.ConfigError, match="is not one this release wrote"):
+        train.TorchTrainer.restore(str(run))
+    assert marker.exists()
+    (run / "trainer.pkl").write_bytes(b"\x80\x05 damaged")
+    with pytest.raises(train.ConfigError, match=r"trainer.pkl could not be loaded .*pass the loop"):
+        train.TorchTrainer.restore(str(run))
+    (run / "trainer.pkl").unlink()
+    with pytest.raises(train.ConfigError, match=r"there is no trainer.pkl.*restore\(path, train_loop_per_worker\)"):
+        train.TorchTrainer.restore(str(run))
+
+
+def counting_loop(config: dict) -> None:
+    """Rank 0 checkpoints each step; resumes after the newest checkpoint."""
+    checkpoint = train.get_checkpoint()
+    start = checkpoint.to_dict()["step"] if checkpoint is not None else 0
+    for step in range(start + 1, config["steps"] + 1):
+        saved = train.Checkpoint.from_dict({"step": step}) if train.get_context().get_world_rank() == 0 else None
+        train.report({"step": step}, checkpoint=saved)
+
+
+@pytest.mark.timeout(240)
+def test_restore_from_s3_as_seed_002_writes_it(run_dirs, s3_bucket, monkeypatch):
+    """`TorchTrainer.restore("s3://...")` with nothing else: the loop comes from the run's folder, the
+    credentials from the environment (the driver's and the workers'), as on a real cluster."""
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": s3_bucket["endpoint"]}
+    for key, value in aws.items():
+        monkeypatch.setenv(key, value)
+    stop_ray()
+    ray.init(num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {**ray_runtime_env()["env_vars"], **aws}})
+    try:
+        first = TorchTrainer(counting_loop, train_loop_config={"steps": 3}, scaling_config=ScalingConfig(num_workers=2),
+                             run_config=RunConfig(name="seed-run", storage_path=s3_bucket["url"])).fit()
+        url = f"{s3_bucket['url']}/seed-run"
+        assert first.path == url and train.TorchTrainer.can_restore(url)
+        restored = TorchTrainer.restore(url)
+        assert restored.train_loop_per_worker is counting_loop and restored.train_loop_config == {"steps": 3}
+        assert restored.fit().metrics_history == []  # nothing left to run: it resumed after step 3
+        result = TorchTrainer.restore(url, train_loop_config={"steps": 5}).fit()
+    finally:
+        stop_ray()
+    assert [m["step"] for m in result.metrics_history] == [4, 5]
+    assert result.checkpoint.to_dict() == {"step": 5} and result.path == url
 
 
 # == 2. The names ==================================================================================
@@ -395,6 +467,7 @@ def test_other_missing_names_are_plain_attribute_errors():
 @pytest.mark.parametrize("module, ours, unsupported", [
     ("ray.train", "elastic_train", TRAIN_NAMES),
     ("ray.train.torch", "elastic_train.torch", TORCH_NAMES),
+    ("ray.train.collective", "elastic_train.collective", {}),
 ])
 def test_every_public_ray_train_name_exists_or_says_what_to_use(module, ours, unsupported):
     """The porting rule `ray.train` -> `elastic_train`: each name of Ray's `__all__` is ours, or fails
@@ -406,6 +479,40 @@ def test_every_public_ray_train_name_exists_or_says_what_to_use(module, ours, un
     assert not missing, f"{ours} lacks {missing}: provide them, or add them to elastic_train/unsupported.py"
     overlap = [name for name in unsupported if name in vars(our_module)]
     assert not overlap, f"{overlap} are provided by {ours} and also listed as unsupported"
+
+
+@pytest.mark.parametrize("name", ["ScalingConfig", "RunConfig", "FailureConfig", "CheckpointConfig"])
+def test_every_field_of_rays_configs_exists_or_says_what_to_use(name):
+    ray_fields = {f.name for f in dataclasses.fields(getattr(ray.train, name))}
+    ours = getattr(train, name)
+    missing = sorted(ray_fields - {f.name for f in dataclasses.fields(ours)} - set(ours.RAY_ONLY_FIELDS))
+    assert not missing, f"{name} lacks Ray's fields {missing}: take them, or say what to use instead (config.py)"
+
+
+def test_scaling_config_takes_rays_resize_interval():
+    assert ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=5).elastic_resize_monitor_interval_s == 5
+    with pytest.raises(train.ConfigError, match="elastic_resize_monitor_interval_s must be a number of seconds >= 0"):
+        ScalingConfig(elastic_resize_monitor_interval_s=-1)
+
+
+def test_checkpoint_metadata_as_rays(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"weights")
+    directory = Checkpoint.from_directory(folder)
+    assert directory.get_metadata() == {}
+    directory.set_metadata({"epoch": 3, "tags": ["a"]})
+    directory.update_metadata({"loss": 0.5})
+    assert Checkpoint.from_directory(folder).get_metadata() == {"epoch": 3, "tags": ["a"], "loss": 0.5}
+    assert json.loads((folder / ".metadata.json").read_text())["epoch"] == 3  # Ray's file name
+    in_memory = Checkpoint.from_dict({"w": torch.ones(2)})
+    in_memory.set_metadata({"epoch": 1})
+    from elastic_train.checkpoint.checkpoint import checkpoint_from_files
+
+    again = checkpoint_from_files(in_memory.files(), str(tmp_path))  # what a report keeps and a resume gives back
+    assert again.get_metadata() == {"epoch": 1} and torch.equal(again.to_dict()["w"], torch.ones(2))
+    with pytest.raises(TypeError):
+        in_memory.set_metadata({"not json": object()})
 
 
 # == loop helpers without a run =====================================================================
@@ -629,10 +736,46 @@ def test_every_reported_checkpoint_is_kept_and_sync_returns_once_committed(local
         assert torch.load(os.path.join(d, "model.pt"))["epoch"] == 2
 
 
-@pytest.mark.timeout(120)
-def test_async_reports_are_all_stored_in_order(local_ray, run_dirs):
-    result = _run(run_dirs, epochs_loop, epochs=3)
+def committed_on_return_loop(config):
+    """Ray's guide: rank 0 alone checkpoints each epoch. Right after report() returns, rank 0 looks
+    in storage for that checkpoint's manifest."""
+    ctx = train.get_context()
+    storage = ctx.get_storage()
+    for epoch in range(config["epochs"]):
+        with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+            checkpoint = None
+            if ctx.get_world_rank() == 0:
+                torch.save({"epoch": epoch}, os.path.join(temp_checkpoint_dir, "model.pt"))
+                checkpoint = Checkpoint.from_directory(temp_checkpoint_dir)
+                checkpoint.set_metadata({"epoch": epoch})
+            train.report({"epoch": epoch}, checkpoint=checkpoint, checkpoint_dir_name=f"epoch_{epoch}",
+                         checkpoint_upload_mode=CheckpointUploadMode[config["mode"]])
+        if ctx.get_world_rank() == 0:
+            manifest = posixpath.join(storage.build_checkpoint_path_from_name(f"epoch_{epoch}"), MANIFEST)
+            storage.storage_filesystem.invalidate_cache()
+            log_progress(config["log_dir"], epoch=epoch, committed=storage.storage_filesystem.exists(manifest))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC"])
+def test_on_slow_storage_sync_returns_once_committed_and_async_reports_drop_nothing(local_ray, run_dirs, s3_bucket,
+                                                                                      mode):
+    """Each upload takes longer than a step: SYNC returns only once the manifest is in storage; ASYNC
+    returns before (the control, showing the check can tell), and still stores every checkpoint, in
+    order (Ray's contract), though each report comes while the previous upload is under way."""
+    with FaultyStorageProxy(s3_bucket["endpoint"], seed=3) as proxy:
+        proxy.set_faults(StorageFaults(latency_s=0.4, methods=frozenset({"PUT", "POST"})))
+        result = TorchTrainer(
+            committed_on_return_loop, train_loop_config={"epochs": 3, "mode": mode, "log_dir": run_dirs["log_dir"]},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="run", storage_path=s3_bucket["url"],
+                                 storage_options={**s3_bucket["options"], "endpoint_url": proxy.url})).fit()
+    committed = [p["committed"] for p in read_progress(run_dirs["log_dir"])]
+    assert committed == ([True] * 3 if mode == "SYNC" else [False] * 3)
     assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
+    assert [c.get_metadata() for c, _ in result.best_checkpoints] == [{"epoch": e} for e in range(3)]
+    with pytest.raises(train.CheckpointError, match="is committed"):
+        result.checkpoint.set_metadata({"epoch": 9})
 
 
 def dcp_no_upload_loop(config):
@@ -751,3 +894,63 @@ def test_a_folder_name_that_passes_for_one_of_ours_is_refused():
     for reserved in ("checkpoint_000005", "checkpoint_7", "checkpoint_000005_g0001"):
         with pytest.raises(train.CheckpointError, match="elastic_train's own folders; pick another"):
             check_named_folder(reserved, 5, 0)
+
+
+# == 4. ray.train.collective, the loop's return value, a checkpoint of the wrong folder ==============
+def collective_loop(config):
+    """Ray's collective guide: rank 0 decides something and broadcasts it; every rank waits at a
+    barrier. Rank 1 may die right before the barrier, while rank 0 already waits there."""
+    from elastic_train.collective import barrier, broadcast_from_rank_zero
+
+    ctx = train.get_context()
+    checkpoint = train.get_checkpoint()
+    start = checkpoint.to_dict()["step"] if checkpoint is not None else 0
+    for step in range(start + 1, config["steps"] + 1):
+        plan = broadcast_from_rank_zero({"step": step, "generation": ctx.get_generation()}
+                                        if ctx.get_world_rank() == 0 else None)
+        if step == config.get("die_at") and ctx.get_world_rank() == 1 and once(config):
+            os._exit(1)
+        barrier()
+        log_progress(config["log_dir"], rank=ctx.get_world_rank(), step=step, plan=plan, pid=os.getpid(),
+                     generation=ctx.get_generation())
+        train.report({"step": step}, checkpoint=train.Checkpoint.from_dict({"step": step})
+                     if ctx.get_world_rank() == 0 else None)
+    return {"rank": ctx.get_world_rank(), "steps": config["steps"]}
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_from_rank_zero_and_barrier_and_the_return_value(local_ray, run_dirs):
+    result = _run(run_dirs, collective_loop, steps=3)
+    progress = read_progress(run_dirs["log_dir"])
+    assert sorted((p["rank"], p["step"]) for p in progress) == [(r, s) for r in (0, 1) for s in (1, 2, 3)]
+    assert all(p["plan"] == {"step": p["step"], "generation": p["generation"]} for p in progress)
+    assert result.return_value == {"rank": 0, "steps": 3}  # rank 0's, as Ray Train V2
+    assert train.Result.from_path(result.path).return_value is None  # nothing in the folder is unpickled
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_lost_while_its_peer_waits_at_a_barrier_unwinds_the_peer_in_place(local_ray, run_dirs):
+    result = _run(run_dirs, collective_loop, steps=6, die_at=3)
+    progress = read_progress(run_dirs["log_dir"])
+    # Rank 0 waited at the barrier of step 3 for a dead peer: it was answered, kept its process, and
+    # the loop went on in the next generation from the checkpoint of step 2.
+    assert sorted({p["step"] for p in progress if p["rank"] == 0}) == [1, 2, 3, 4, 5, 6]
+    assert len({p["pid"] for p in progress if p["rank"] == 0}) == 1
+    assert [h["step"] for h in result.metrics_history] == [1, 2, 3, 4, 5, 6]
+    assert all(p["plan"] == {"step": p["step"], "generation": p["generation"]} for p in progress)
+    assert max(p["generation"] for p in progress) > min(p["generation"] for p in progress)
+    assert result.return_value == {"rank": 0, "steps": 6}
+
+
+def reports_its_run_folder(config):
+    """Seed 001's workflow 4, path fixed: it writes into the run's own folder and reports that."""
+    trial_dir = train.get_context().get_trial_dir()
+    torch.save({"epoch": 0}, os.path.join(trial_dir, "model.pt"))
+    train.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(trial_dir))
+
+
+@pytest.mark.timeout(120)
+def test_reporting_the_runs_own_folder_as_a_checkpoint_fails_clearly(local_ray, run_dirs):
+    with pytest.raises(train.WorkerGroupError, match=r"holds the run's own folder .*TemporaryDirectory"):
+        _run(run_dirs, reports_its_run_folder, num_workers=1)
+    assert Path(run_dirs["storage"], "run", "run.json").exists()  # what the run had saved is kept

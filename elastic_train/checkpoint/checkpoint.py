@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from elastic_train.checkpoint.manifest import MANIFEST, Manifest
 from elastic_train.errors import CheckpointError
 
 DICT_FILE = "dict_checkpoint.pt"
+METADATA_FILE = ".metadata.json"  # Checkpoint.set_metadata's file, as in Ray Train
 
 
 def dict_to_bytes(data: dict[str, Any]) -> bytes:
@@ -56,6 +58,7 @@ class Checkpoint:
         self.filesystem = filesystem or fsspec.filesystem("file")
         self.manifest = manifest
         self._dict: dict[str, Any] | None = None
+        self._metadata: dict[str, Any] | None = None  # a dict checkpoint's metadata
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
@@ -78,10 +81,47 @@ class Checkpoint:
         checkpoint._dict = data
         return checkpoint
 
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata stored with the checkpoint (`.metadata.json`, as in Ray Train); {} if none."""
+        if self._dict is not None:
+            return dict(self._metadata or {})
+        if self.manifest is not None:
+            if METADATA_FILE not in self.manifest.files:
+                return {}
+            raw = self.files()[METADATA_FILE]
+        else:
+            try:
+                raw = self.filesystem.cat_file(f"{self.path.rstrip('/')}/{METADATA_FILE}")
+            except FileNotFoundError:
+                return {}
+        return json.loads(raw)
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Store `metadata` (JSON-serializable) with the checkpoint, replacing any; do it before the
+        checkpoint is reported. A committed checkpoint cannot change: its manifest holds every file's
+        checksum."""
+        if self.manifest is not None:
+            raise CheckpointError(
+                f"Checkpoint at {self.path} is committed: its files, {METADATA_FILE} included, are fixed by its "
+                "manifest. Set metadata before report(), or report a new checkpoint with it.")
+        raw = json.dumps(metadata).encode()
+        if self._dict is not None:
+            self._metadata = json.loads(raw)
+            return
+        with self.filesystem.open(f"{self.path.rstrip('/')}/{METADATA_FILE}", "wb") as f:
+            f.write(raw)
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge `metadata` into the checkpoint's stored metadata."""
+        self.set_metadata({**self.get_metadata(), **metadata})
+
     def files(self) -> dict[str, bytes]:
         """Every file of the checkpoint by relative path: the snapshot that a report keeps."""
         if self._dict is not None:
-            return {DICT_FILE: dict_to_bytes(self._dict)}
+            files = {DICT_FILE: dict_to_bytes(self._dict)}
+            if self._metadata is not None:
+                files[METADATA_FILE] = json.dumps(self._metadata).encode()
+            return files
         fs = self.filesystem
         root = fs._strip_protocol(self.path).rstrip("/")
         if self.manifest is None:
@@ -150,8 +190,11 @@ def write_files(directory: str, files: dict[str, bytes]) -> None:
 def checkpoint_from_files(files: dict[str, bytes], scratch: str) -> Checkpoint:
     """A checkpoint for files held in memory: a dict if that is all it holds, else a directory
     written under `scratch` (which the caller removes when it is done with the checkpoint)."""
-    if set(files) == {DICT_FILE}:
-        return Checkpoint.from_dict(dict_from_bytes(files[DICT_FILE]))
+    if set(files) - {METADATA_FILE} == {DICT_FILE}:
+        checkpoint = Checkpoint.from_dict(dict_from_bytes(files[DICT_FILE]))
+        if METADATA_FILE in files:
+            checkpoint._metadata = json.loads(files[METADATA_FILE])
+        return checkpoint
     directory = tempfile.mkdtemp(prefix="restored_", dir=scratch)
     write_files(directory, files)
     return Checkpoint.from_directory(directory)

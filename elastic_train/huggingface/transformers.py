@@ -43,6 +43,7 @@ except ImportError as exc:
 from elastic_train.api import get_context, report
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.torch.data import ElasticBatchSampler
+from elastic_train.unsupported import unsupported_getattr
 from elastic_train.worker.session import get_session
 
 logger = logging.getLogger(__name__)
@@ -276,5 +277,21 @@ class _EpochDataLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
 
+
+def __getattr__(name: str) -> Any:
+    if name == "TransformersTrainer":  # where Ray 2.x before 2.7 also had it
+        from elastic_train.huggingface.trainer import TransformersTrainer
+
+        return TransformersTrainer
+    return _unsupported(name)
+
+
+_unsupported = unsupported_getattr("elastic_train.huggingface.transformers", "ray.train.huggingface.transformers", {
+    "TransformersCheckpoint": (
+        "Ray removed it (2.7): the reported elastic_train.Checkpoint holds RayTrainReportCallback.CHECKPOINT_NAME "
+        "('checkpoint'), a folder that from_pretrained() loads: "
+        "with checkpoint.as_directory() as d: model = AutoModel.from_pretrained(os.path.join(d, 'checkpoint'))."),
+    "TransformersPredictor": "Ray removed it (2.7): load the checkpoint with from_pretrained in your own inference code.",
+})
 
 __all__ = ["RayTrainReportCallback", "prepare_trainer"]

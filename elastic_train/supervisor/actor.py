@@ -21,6 +21,7 @@ import ray
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import (
     Assignment,
+    Exit,
     Feed,
     HeartbeatReply,
     Outcome,
@@ -32,6 +33,7 @@ from elastic_train.protocol import (
 )
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import StorageError
+from elastic_train.supervisor.agreement import Agreements
 from elastic_train.supervisor.adoption import describe_workers, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
@@ -63,6 +65,8 @@ class RunSummary:
     """The preemption that spent FailureConfig.max_preemption_failures, if that ended the run."""
     stopped: str | None = None
     """Why `stop_run` ended the run, if it did."""
+    returned: bytes | None = None
+    """What rank 0's loop returned, pickled (`Result.return_value`), if the run finished."""
 
 
 class Supervisor:
@@ -115,6 +119,7 @@ class Supervisor:
         self._worker_failures: dict[int, BaseException] = {}
         self._preemption: PreemptionInfo | None = None
         self._notices = notices.Notices(failure.max_preemption_failures)
+        self._agreements = Agreements()  # get_preemption_info() and collective calls waiting for their peers
         self._final_flush: ResumePlan | None = None  # what the workers store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
@@ -153,7 +158,7 @@ class Supervisor:
         self._closed = True
         self._fed.set()
         return RunSummary(self._state, self._error, self._metrics, self._history, self._commits.committed,
-                          self._events, self._worker_failures, self._preemption, self._stopping)
+                          self._events, self._worker_failures, self._preemption, self._stopping, self._returned())
 
     async def _adopt_workers(self) -> None:
         """After a restart: adopt the workers that describe themselves. The members of their newest
@@ -268,6 +273,13 @@ class Supervisor:
         after the generation ended, its peers' error having ended it, is one too)."""
         return {m.rank: m.outcome.raised() for m in self._members()
                 if m.outcome is not None and m.outcome.error is not None}
+
+    def _returned(self) -> bytes | None:
+        """What rank 0's loop returned, if the run finished with it."""
+        if self._state is not RunState.FINISHED:
+            return None
+        return next((m.outcome.returned for m in self._members()
+                     if m.rank == 0 and m.outcome is not None and m.outcome.exit is Exit.FINISHED), None)
 
     def _member_views(self) -> list[policy.Member]:
         return [policy.Member(m.worker_id, m.rank, exit=m.exited, lost=m.status is WorkerStatus.LOST,
@@ -628,7 +640,7 @@ class Supervisor:
         for barrier in self._barriers.values():
             barrier.set()
         self._barriers.clear()
-        self._notices.release()
+        self._agreements.release()
 
     async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
         """For the driver's callbacks: the reports (settled, in order) and events after the cursors;
@@ -760,17 +772,34 @@ class Supervisor:
         """`get_preemption_info()` call number `call` of a member, made after report `index`: every
         rank gets the same answer (see notices.py). Returns (accepted, info); not accepted: the
         worker's generation is over."""
-        w = await self._record(worker_id)
-        if w is None or self._rejects(w, generation, index):
-            return False, None
-        info = await self._notices.agree(generation, call, w.rank, self._world_size, self._leaving,
-                                         self._elastic.preemption_info_timeout_s)
-        if self._rejects(w, generation, index):
-            return False, None
+        self._notices.asked_in.add(generation)
+        accepted, info = await self._agree(
+            worker_id, generation, index, ("preemption_info", generation, call), None,
+            lambda _: notices.preemption_info(self._leaving()), self._elastic.preemption_info_timeout_s,
+            f"get_preemption_info() call {call}", "preemption_info_timeout_s")
         if info is not None and self._state is RunState.RESIZING and self._resize_at is None:
             self._resize_at = index + 1  # the loop saw the notice: it re-forms after its next report
             self._event("resize_requested", at_report=self._resize_at, reason="the loop saw the preemption notice")
-        return True, info
+        return accepted, info
+
+    async def collective(self, worker_id: int, generation: int, call: int, index: int, data: Any) -> tuple[bool, Any]:
+        """Call number `call` of `collective.barrier()` / `broadcast_from_rank_zero(data)` by a member,
+        made after report `index`: (accepted, rank 0's data) once every rank made it."""
+        return await self._agree(worker_id, generation, index, ("collective", generation, call), data,
+                                 lambda brought: brought.get(0), self._elastic.collective_timeout_s,
+                                 f"elastic_train.collective call {call}", "collective_timeout_s")
+
+    async def _agree(self, worker_id: int, generation: int, index: int, key: tuple, brought: Any,
+                     decide: Any, timeout_s: float, what: str, setting: str) -> tuple[bool, Any]:
+        """A call every member makes alike (agreement.py), made after report `index`: (accepted,
+        the answer); not accepted: the worker's generation is over, the loop unwinds."""
+        w = await self._record(worker_id)
+        if w is None or self._rejects(w, generation, index):
+            return False, None
+        answer = await self._agreements.agree(key, w.rank, self._world_size, brought, decide, timeout_s, what, setting)
+        if self._rejects(w, generation, index):
+            return False, None
+        return True, answer
 
     async def _watch_ray_drains(self) -> None:
         """Nodes that Ray drains (`ray drain-node`, KubeRay, the autoscaler) are preemption notices

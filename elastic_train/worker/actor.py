@@ -202,11 +202,11 @@ class TrainWorker:
                     assignment.rank, assignment.world_size)
         try:
             if self._spec.train_config is None:
-                self._spec.train_fn()
+                returned = self._spec.train_fn()
             else:
-                self._spec.train_fn(self._spec.train_config)
+                returned = self._spec.train_fn(self._spec.train_config)
+            outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
             self._flush_last_checkpoint(session)
-            outcome = Outcome(Exit.FINISHED, generation)
         except GenerationEnded:
             outcome = Outcome(Exit.UNWOUND, generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor

@@ -121,6 +121,7 @@ class TrainSession:
         self._restored_loaded = False
         self._scratch: str | None = None
         self._preemption_calls = 0
+        self._collective_calls = 0
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -148,6 +149,11 @@ class TrainSession:
                 dir_name, registered = self._storage.name_of(checkpoint.path), True
                 check_named_folder(dir_name, self.index, assignment.generation)
             else:
+                if self._overlap(checkpoint) == "holds the run":
+                    raise CheckpointError(
+                        f"report(checkpoint=Checkpoint.from_directory({checkpoint.path!r})): that folder holds the "
+                        "run's own folder (get_context().get_trial_dir()), its record and its other checkpoints. "
+                        "Save into a folder of its own, e.g. tempfile.TemporaryDirectory(), and report that.")
                 files = checkpoint.files()
                 if delete_local:
                     self._delete_local(checkpoint)
@@ -168,14 +174,25 @@ class TrainSession:
 
     def preemption_info(self) -> PreemptionInfo | None:
         """The same answer on every rank (see supervisor/notices.py)."""
+        self._preemption_calls += 1
+        return self._agree(self._supervisor.preemption_info, self._preemption_calls)
+
+    def collective(self, data: Any = None) -> Any:
+        """A barrier across the ranks that returns rank 0's `data` (see supervisor/agreement.py)."""
+        self._collective_calls += 1
+        return self._agree(self._supervisor.collective, self._collective_calls,
+                           data if self.context.assignment.rank == 0 else None)
+
+    def _agree(self, method: Any, call: int, *brought: Any) -> Any:
+        """Call number `call` of a supervisor `method` that every rank makes alike; unwinds the loop
+        when the generation ends."""
         if self._generation_ended():
             raise GenerationEnded()
-        self._preemption_calls += 1
-        accepted, info = ray.get(self._supervisor.preemption_info.remote(
-            self.worker_id, self.context.assignment.generation, self._preemption_calls, self.index))
+        accepted, answer = ray.get(method.remote(self.worker_id, self.context.assignment.generation, call,
+                                                 self.index, *brought))
         if not accepted:
             raise GenerationEnded()
-        return info
+        return answer
 
     def get_checkpoint(self) -> Checkpoint | None:
         if not self._restored_loaded:
@@ -232,12 +249,20 @@ class TrainSession:
         memory. Never a folder in the run's storage, nor one holding it."""
         if checkpoint.manifest is not None or not checkpoint.path or not is_local(checkpoint.filesystem):
             return
-        folder = os.path.realpath(checkpoint.path)
-        run = os.path.realpath(self._storage.url()) if is_local(self._storage.fs) else ""
-        if run and (folder == run or folder.startswith(run + os.sep) or run.startswith(folder + os.sep)):
-            logger.warning("not deleting %s after the report: it is in the run's storage", folder)
+        if self._overlap(checkpoint) is not None:
+            logger.warning("not deleting %s after the report: it is in the run's storage", checkpoint.path)
             return
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(os.path.realpath(checkpoint.path), ignore_errors=True)
+
+    def _overlap(self, checkpoint: Checkpoint) -> str | None:
+        """How a reported local folder overlaps the run's local folder: "holds the run" (it is that
+        folder, or one above it), "in the run", or None."""
+        if not checkpoint.path or not is_local(checkpoint.filesystem) or not is_local(self._storage.fs):
+            return None
+        folder, run = os.path.realpath(checkpoint.path), os.path.realpath(self._storage.url())
+        if folder == run or run.startswith(folder + os.sep):
+            return "holds the run"
+        return "in the run" if folder.startswith(run + os.sep) else None
 
     def reported_checkpoints(self, timeout_s: float | None) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """Every committed checkpoint of the run so far (after those this worker reported settle, or
