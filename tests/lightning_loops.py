@@ -110,6 +110,30 @@ def seed_loop(config: dict[str, Any]) -> None:
         trainer.fit(model, datamodule=datamodule)
 
 
+def seed_as_written(config: dict[str, Any]) -> None:
+    """Seed 002's Lightning loop word for word (`ray.train` -> `elastic_train` in its imports): no
+    report callback, Lightning's default checkpointing and logger. Then it notes where it ran."""
+    from elastic_train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+
+    import lightning.pytorch as pl
+
+    MyLightningModule, MyDataModule = lightning_classes("lightning.pytorch")
+
+    model = MyLightningModule(config)
+    datamodule = MyDataModule(config)
+    trainer = pl.Trainer(
+        max_epochs=config["epochs"],
+        strategy=RayDDPStrategy(),
+        plugins=[RayLightningEnvironment()],
+        accelerator="auto",
+        devices="auto",
+    )
+    trainer = prepare_trainer(trainer)
+    trainer.fit(model, datamodule=datamodule)
+    log_progress(config["notes"], rank=trainer.global_rank, world=trainer.world_size, step=trainer.global_step,
+                 cwd=os.getcwd())
+
+
 class _EpochOrder(ElasticBatchSampler):
     """The elastic loader's global batches on one process: a DataLoader iterates its batch sampler
     once per epoch, and so does Lightning the DataLoader."""

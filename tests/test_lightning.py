@@ -8,6 +8,7 @@ import functools
 import importlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 
 import elastic_train as et
 from tests.helpers import fit_in_background, make_trainer, wait_for
-from tests.lightning_loops import QUIET, SAMPLES, lightning_classes, reference_state, seed_loop
+from tests.lightning_loops import QUIET, SAMPLES, lightning_classes, reference_state, seed_as_written, seed_loop
 from tests.loops import read_progress
 
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -34,6 +35,26 @@ def assert_same_parameters(checkpoint: et.Checkpoint, expected: dict[str, torch.
     assert state.keys() == expected.keys()
     for name, value in expected.items():  # DDP sums in another order than one process: rounding only
         assert torch.allclose(state[name], value, rtol=1e-4, atol=1e-5), (name, (state[name] - value).abs().max())
+
+
+@pytest.mark.timeout(120)
+def test_the_seed_exactly_as_written_trains_in_the_runs_working_directory(local_ray, run_dirs):
+    """Lightning's own checkpointing and logger write relative to the working directory: as under
+    Ray Train, that is the run's own (not the directory the driver was started in)."""
+    result = et.TorchTrainer(seed_as_written, train_loop_config={"epochs": 2, "batch_size": 4,
+                                                                 "notes": run_dirs["log_dir"]},
+                             scaling_config=et.ScalingConfig(num_workers=2),
+                             run_config=et.RunConfig(storage_path=run_dirs["storage"], name="seed-lightning")).fit()
+    notes = read_progress(run_dirs["log_dir"])
+    assert sorted((n["rank"], n["world"], n["step"]) for n in notes) == [(0, 2, 24), (1, 2, 24)]
+    (working_dir,) = {n["cwd"] for n in notes}
+    try:
+        assert working_dir != os.getcwd() and Path(working_dir).name.startswith("seed-lightning_")
+        saved = list(Path(working_dir, "lightning_logs").glob("version_*/checkpoints/*.ckpt"))
+        assert [p.name for p in saved] == ["epoch=1-step=24.ckpt"], saved
+    finally:
+        shutil.rmtree(working_dir, ignore_errors=True)
+    assert result.metrics == {} and result.checkpoint is None and result.world_sizes == [2]  # it reports nothing
 
 
 @pytest.mark.timeout(60)
@@ -56,6 +77,9 @@ def test_classes_follow_the_lightning_package_of_the_calling_code():
         et_lightning.RayFSDPStrategy  # noqa: B018 (the attribute's lookup raises)
     with pytest.raises(et.UnsupportedAPIError, match="partitioned by world size"):
         et_lightning.RayDeepSpeedStrategy  # noqa: B018
+    for removed in ("LightningTrainer", "LightningConfigBuilder", "LightningCheckpoint", "LightningPredictor"):
+        with pytest.raises(et.UnsupportedAPIError, match="Ray removed it"):
+            getattr(et_lightning, removed)
 
 
 @pytest.mark.timeout(90)

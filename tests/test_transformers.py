@@ -151,6 +151,16 @@ def test_transformers_trainer_checks_the_loop_like_torch_trainer():
     assert restored.train_loop_per_worker is trainer.train_loop_per_worker  # `restore()` does not wrap twice
 
 
+@pytest.mark.timeout(30)
+def test_ray_transformers_names_before_2_7():
+    from elastic_train.huggingface import transformers as hf
+
+    assert hf.TransformersTrainer is TransformersTrainer  # where Ray 2.x had it too
+    for removed in ("TransformersCheckpoint", "TransformersPredictor"):
+        with pytest.raises(et.UnsupportedAPIError, match="Ray removed it"):
+            getattr(hf, removed)
+
+
 @pytest.mark.timeout(120)
 def test_seed_transformers_trainer_runs_on_two_workers(local_ray, run_dirs):
     """The seed's loop, unchanged: the Trainer trains distributed at the run's world size, in the run's

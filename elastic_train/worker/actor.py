@@ -201,6 +201,7 @@ class TrainWorker:
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
                     assignment.rank, assignment.world_size)
         try:
+            os.chdir(session.context.working_dir())
             if self._spec.train_config is None:
                 returned = self._spec.train_fn()
             else:

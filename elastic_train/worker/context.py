@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import posixpath
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,3 +129,15 @@ class TrainContext:
     def get_storage(self) -> StorageContext:
         """The run's storage: filesystem and paths (see `StorageContext`)."""
         return StorageContext.of(self.storage)
+
+    def working_dir(self) -> str:
+        """The run's working directory on this machine, the loop's current directory (as Ray Train
+        sets it for every worker), shared by the run's workers there: relative paths such as
+        Lightning's `lightning_logs/` or `TrainingArguments(output_dir="./output")` are the run's own,
+        and two runs on one machine do not write into each other's. `<tmp>/elastic_train/working_dirs/
+        <run name>_<hash of the run's storage folder>` (the hash tells apart runs of one name stored
+        elsewhere)."""
+        digest = hashlib.sha1(self.get_trial_dir().encode()).hexdigest()[:8]
+        path = os.path.join(tempfile.gettempdir(), "elastic_train", "working_dirs", f"{self.run.name}_{digest}")
+        os.makedirs(path, exist_ok=True)
+        return path
