@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from elastic_train.trainer import supervisor_name
+from elastic_train.trainer import attach
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RunHandle:
 
     def __init__(self, run_name: str):
         self.name = run_name
-        self.supervisor = ray.get_actor(supervisor_name(run_name))
+        self.supervisor = attach(run_name)
 
     def status(self) -> dict[str, Any]:
         return ray.get(self.supervisor.status.remote())

@@ -7,6 +7,7 @@ starts, with a message that names the problem and the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 from dataclasses import dataclass
@@ -231,6 +232,17 @@ class ElasticConfig:
     aborted) are hung: dropped, ended and replaced. Heartbeats prove the process, this the loop. Set
     it above the longest gap between two reports (the first one included); None turns it off (a
     collective in the loop still fails after `collective_timeout_s`)."""
+    straggler_factor: float = 2.0
+    """A rank whose step time (its loop's time between reports, outside `report()`) exceeds this many
+    times the median of its peers' ... (`supervisor/pace.py`)."""
+    straggler_min_excess_s: float = 0.05
+    """... and that median by at least this much ..."""
+    straggler_reports: int = 5
+    """... at this many reports in a row is flagged a straggler (an event; cleared when it catches up)."""
+    memory_growth_reports: int = 20
+    """A worker whose RSS rose at this many reports in a row ..."""
+    memory_growth_min_mb: float = 256.0
+    """... by at least this much in all is flagged for growing memory (an event)."""
     control_tick_s: float = 0.25
     """The supervisor's state machine re-checks timers at least this often."""
     checkpoints_in_memory: int = 2
@@ -269,8 +281,13 @@ class ElasticConfig:
     watch_ray_drains: bool = True
     """Treat a node that Ray drains (`ray drain-node`, KubeRay's SIGTERM handling, the autoscaler) as a
     preemption notice for the workers on it."""
+    event_log_interval_s: float = 1.0
+    """How often the supervisor writes the events recorded since to the run's `events.jsonl`
+    (`supervisor/event_log.py`): the delay before an event can be read from storage."""
+    progress_interval_s: float = 10.0
+    """When stdout is not a terminal, how often `fit()` prints a status line (RunConfig.verbose)."""
     run_record_interval_s: float = 5.0
-    """How often the driver writes the run record (rank 0's metrics, the events) to the run's folder
+    """How often the driver writes the run record (rank 0's metrics) to the run's folder
     while the run goes on (`run_record.py`), so `Result.from_path` finds them if the driver dies; also
     the longest one of its calls for new reports waits."""
 
@@ -281,6 +298,14 @@ class ElasticConfig:
         for f in dataclasses.fields(self):
             if f.name.endswith("_s") and not (f.name in _OPTIONAL_S and getattr(self, f.name) is None):
                 _check_positive("ElasticConfig", f.name, getattr(self, f.name))
+        if not self.straggler_factor > 1:
+            raise ConfigError(f"ElasticConfig.straggler_factor={self.straggler_factor!r} must be above 1: a rank "
+                              "is a straggler when its step takes that many times its peers' median.")
+        for name in ("straggler_reports", "memory_growth_reports"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"ElasticConfig.{name}={getattr(self, name)!r}: use a whole number of reports >= 1.")
+        if self.memory_growth_min_mb < 0:
+            raise ConfigError(f"ElasticConfig.memory_growth_min_mb={self.memory_growth_min_mb!r} must be >= 0.")
         if self.process_group_destroy_timeout_s >= self.rendezvous_timeout_s:
             raise ConfigError(
                 f"ElasticConfig.process_group_destroy_timeout_s={self.process_group_destroy_timeout_s} must be "
@@ -319,7 +344,6 @@ class ElasticConfig:
     "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
     "logging_config": "configure Python's logging in the loop",
     "sync_config": "checkpoints are written to storage_path directly",
-    "verbose": "Ray deprecated it; the driver logs through the 'elastic_train' logger: set its level",
     "progress_reporter": "Ray deprecated it; follow reports with a UserCallback in RunConfig(callbacks=[...])",
     "log_to_file": "Ray deprecated it; configure Python's logging in the loop",
     "stop": "Ray deprecated it; stop from a UserCallback (raise in after_report) or with TorchTrainer.stop()",
@@ -336,8 +360,13 @@ class RunConfig:
     storage_options: Mapping[str, Any] | None = None
     callbacks: list[UserCallback] | None = None
     """Called in the driver process as the run goes (`callbacks.py`)."""
+    verbose: int = 1
+    """What `fit()` shows as the run goes (`progress.py`): 0 nothing, 1 a live status line and the
+    events that change the run, 2 also every report and every event."""
 
     def __post_init__(self) -> None:
+        if self.verbose not in (0, 1, 2):
+            raise ConfigError(f"RunConfig.verbose={self.verbose!r}: use 0 (quiet), 1 (status and events) or 2 (all).")
         wrong = [type(c).__name__ for c in self.callbacks or () if not isinstance(c, UserCallback)]
         if wrong:
             raise ConfigError(
@@ -368,8 +397,11 @@ def checked_options(cls: type, options: Mapping[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - known)
     if unknown:
+        close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
         raise ConfigError(
-            f"{cls.__name__} has no option {', '.join(map(repr, unknown))}; known options: {', '.join(sorted(known))}."
+            f"{cls.__name__} has no option {', '.join(map(repr, unknown))}"
+            + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
+            + f"; known options: {', '.join(sorted(known))}."
         )
     return cls(**options)
 

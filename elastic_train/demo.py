@@ -1,7 +1,8 @@
 """`make demo`: a run on a simulated 3-node cluster that loses and regains workers.
 
 A node is removed, a node is added, a worker process is SIGKILLed; the run shrinks, grows back and
-finishes every step. Progress, world size and generation are printed as they change.
+finishes every step. `fit()` shows its live status line and the events that change the run; at the
+end the demo draws the run's timeline (`elastic-train timeline`) to a PNG.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import ray
 import torch
@@ -20,7 +22,8 @@ from ray.cluster_utils import Cluster
 
 import elastic_train as et
 from elastic_train.torch import prepare_model
-from elastic_train.trainer import supervisor_name
+from elastic_train.timeline import draw
+from elastic_train.trainer import attach
 
 log = logging.getLogger("elastic_train.demo")
 STEPS = 300
@@ -53,7 +56,8 @@ def train_loop(config: dict) -> None:
 
 
 class Monitor:
-    """Attaches to the run's supervisor by name; prints progress and injects the demo's faults.
+    """Attaches to the run's supervisor by name (as any process on the cluster can) and injects the
+    demo's faults at their steps; `fit()` itself shows the run's progress.
 
     Runs in the main thread: Ray's `Cluster.add_node` installs signal handlers.
     """
@@ -65,27 +69,15 @@ class Monitor:
         self.status: dict = {}
 
     def run(self, until) -> None:
-        supervisor, seen, last_print = None, 0, 0
+        supervisor = None
         while not until():
             time.sleep(0.2)
             try:
-                supervisor = supervisor or ray.get_actor(supervisor_name(self.run_name))
-                self.status = ray.get(supervisor.status.remote(seen), timeout=5)
+                supervisor = supervisor or attach(self.run_name)
+                self.status = ray.get(supervisor.status.remote(), timeout=5)
             except (ValueError, ray.exceptions.RayError):
                 continue
-            for event in self.status["events"]:
-                if event["kind"] == "generation":
-                    log.info("   >> generation %d: world size %d (resumed from %s, report %s)", event["generation"],
-                             event["world_size"], event["resume_from"] or "scratch", event["resume_index"])
-                elif event["kind"] == "worker_lost":
-                    log.info("   >> worker %d (rank %d) lost: %s", event["worker_id"], event["rank"], event["reason"])
-            seen += len(self.status["events"])
             step = self.status["metrics"].get("step", 0)
-            if step >= last_print + 20:
-                last_print = step - step % 20
-                log.info("step %4d/%d | loss %.4f | world %d | generation %d | %s", step, STEPS,
-                         self.status["metrics"]["loss"], self.status["world_size"], self.status["generation"],
-                         self.status["state"])
             if self.faults and step >= self.faults[0][0]:
                 _, what, action = self.faults.pop(0)
                 log.info("** chaos: %s", what)
@@ -152,6 +144,8 @@ def main() -> int:
         if after:
             log.info("worker lost at t=%.2fs, new generation %.3f s later", t, after[0] - t)
     log.info("checkpoints: %s", result.path)
+    picture = draw(result, Path(result.path) / "timeline.png")
+    log.info("timeline: %s (elastic-train timeline %s -o timeline.png draws it again)", picture, result.path)
     return 0
 
 

@@ -169,6 +169,7 @@ class ReportRecord:
     world_size: int
     metrics: list[dict[str, Any]]  # by world rank
     checkpoint: Any = None  # the CommittedCheckpoint, when this report's checkpoint was committed
+    time: float | None = None  # when every rank had made it (time.time())
 
 
 @dataclass

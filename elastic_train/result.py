@@ -8,7 +8,8 @@ from typing import Any, Mapping
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import ConfigError, TrainingFailedError
-from elastic_train.run_record import EVENTS, HISTORY_KEYS, METRICS, RUN, read_json
+from elastic_train.run_record import HISTORY_KEYS, METRICS, RUN, read_json
+from elastic_train.supervisor.event_log import read_events
 
 
 def stored_checkpoint(storage: RunStorage, committed: CommittedCheckpoint) -> Checkpoint:
@@ -46,7 +47,8 @@ class Result:
     """Every committed checkpoint that retention (`CheckpointConfig.num_to_keep`) kept, with the
     metrics reported beside it, oldest first."""
     events: list[dict[str, Any]] = field(default_factory=list)
-    """The supervisor's timeline: generations, lost workers, fenced writes, state changes."""
+    """The supervisor's timeline: generations, lost workers, fenced writes, state changes; as the run's
+    `events.jsonl` holds them (JSON: keys are strings, exceptions their repr)."""
     return_value: Any = None
     """What rank 0's `train_loop_per_worker` returned (Ray Train V2), or None. Not kept in the run's
     folder (nothing there is unpickled): None in `Result.from_path`."""
@@ -81,9 +83,10 @@ class Result:
     @classmethod
     def from_path(cls, path: str, storage_options: Mapping[str, Any] | None = None) -> "Result":
         """The result of the run whose folder is `path` (a `Result.path`; any fsspec URL, with the
-        `storage_options` the run used), read from its record (`run_record.py`) and the manifests of
-        its committed checkpoints. Works for a run under way, and after its driver died: the metrics
-        and events are then those written up to `ElasticConfig.run_record_interval_s` before.
+        `storage_options` the run used), read from its record (`run_record.py`), its event log
+        (`events.jsonl`) and the manifests of its committed checkpoints. Works for a run under way,
+        and after its driver died: the metrics are then those written up to
+        `ElasticConfig.run_record_interval_s` before, the events up to `event_log_interval_s`.
         `error` is set when the run failed: a `TrainingFailedError` with the message (and the
         traceback) that `fit()` raised. Nothing in the folder is unpickled."""
         storage = RunStorage.at(path, storage_options)
@@ -102,5 +105,5 @@ class Result:
             error=TrainingFailedError(failure["message"]) if failure else None,
             metrics_history=history,
             best_checkpoints=checkpoints,
-            events=read_json(storage, EVENTS, []),
+            events=read_events(storage),
         )

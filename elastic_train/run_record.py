@@ -1,11 +1,11 @@
 """The run record: what `Result.from_path` and `TorchTrainer.restore` read from a run's folder.
 
 The driver writes it as the run goes, so that it survives the driver: the run's config and state
-(`run.json`), rank 0's metrics of every report (`metrics.json`), the supervisor's events
-(`events.json`), all JSON, rewritten at most every `ElasticConfig.run_record_interval_s` and at the
-end; and, once at the start, `trainer.pkl`: the loop and the trainer's arguments, pickled with
+(`run.json`) and rank 0's metrics of every report (`metrics.json`), JSON, rewritten at most every
+`ElasticConfig.run_record_interval_s` and at the end; and, once at the start, `trainer.pkl`: the loop and the trainer's arguments, pickled with
 cloudpickle (as Ray does), so that `TorchTrainer.restore(path)` can go on without the loop. The
-checkpoint list is not recorded here: the committed checkpoints' manifests are the record of them.
+checkpoint list is not recorded here: the committed checkpoints' manifests are the record of them;
+nor are the events: the supervisor writes them (`events.jsonl`, supervisor/event_log.py).
 
 Reading: the JSON files are parsed as JSON. `trainer.pkl` is the only file ever unpickled, and only
 by `load_trainer`, which `TorchTrainer.restore` calls when it is not given the loop. Storage
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 RUN = "run.json"
 METRICS = "metrics.json"
-EVENTS = "events.json"
 TRAINER = "trainer.pkl"
 FORMAT_VERSION = 1
 HISTORY_KEYS = ("_index", "_generation", "_world_size", "_time")  # what a metrics_history entry adds to the metrics
@@ -60,22 +59,21 @@ class RunRecord:
     """Writes a run's record while the driver follows the run. A write that fails is logged and
     left for the next one: the record must not fail a run that storage lets train."""
 
-    def __init__(self, storage: RunStorage, config: dict[str, Any], interval_s: float,
+    def __init__(self, storage: RunStorage, run_id: str, config: dict[str, Any], interval_s: float,
                  clock: Callable[[], float] = time.monotonic):
         self._storage = storage
         self._interval_s = interval_s
         self._clock = clock
-        self._run: dict[str, Any] = {"format": FORMAT_VERSION, "name": storage.name, "state": "running",
+        self._run: dict[str, Any] = {"format": FORMAT_VERSION, "name": storage.name, "run_id": run_id, "state": "running",
                                      "started": time.time(), "ended": None, "stopped": None, "error": None,
                                      "config": config}
         self._metrics: list[dict[str, Any]] = []
-        self._events: list[dict[str, Any]] = []
-        self._written = {METRICS: -1, EVENTS: -1}  # how many entries of each list storage has (-1: none yet)
+        self._written = -1  # how many metrics entries storage has (-1: none yet)
         self._last_write = clock()
 
     def start(self, trainer: dict[str, Any]) -> None:
-        """Write the run's config, `trainer.pkl` (the trainer's arguments, loop included), and empty
-        lists of metrics and events: an earlier run's with this name are not this one's."""
+        """Write the run's config, `trainer.pkl` (the trainer's arguments, loop included), and an
+        empty list of metrics: an earlier run's with this name are not this one's."""
         try:
             data = cloudpickle.dumps({"format": FORMAT_VERSION, **trainer})
         except Exception as exc:  # noqa: BLE001 - anything a pickler raises: restore then needs the loop
@@ -84,33 +82,31 @@ class RunRecord:
         else:
             self._write(TRAINER, lambda: self._storage.write_bytes(TRAINER, data))
         self._put(RUN, self._run)
-        self._write_lists()
+        self._write_metrics()
 
-    def add(self, reports: list[ReportRecord], events: list[dict[str, Any]]) -> None:
-        """New reports (rank 0's metrics of each are kept, as `Result.metrics_history` holds them,
-        but for the supervisor's `_time`) and events; written when the interval has passed."""
+    def add(self, reports: list[ReportRecord]) -> None:
+        """New reports (rank 0's metrics of each are kept, as `Result.metrics_history` holds them);
+        written when the interval has passed."""
         self._metrics.extend({**(r.metrics[0] if r.metrics else {}), "_index": r.index, "_generation": r.generation,
-                              "_world_size": r.world_size} for r in reports)
-        self._events.extend(events)
+                              "_world_size": r.world_size, "_time": r.time} for r in reports)
         if self._clock() - self._last_write >= self._interval_s:
-            self._write_lists()
+            self._write_metrics()
 
     def finish(self, state: str, summary: RunSummary | None = None, error: BaseException | None = None) -> None:
-        """The run ended: write everything, from the supervisor's `summary` (its whole history and
-        timeline) when there is one (None: the supervisor is gone; what was fed is kept)."""
+        """The run ended: write everything, from the supervisor's `summary` (its whole history) when
+        there is one (None: the supervisor is gone; what was fed is kept)."""
         if summary is not None:
-            self._metrics, self._events = list(summary.metrics_history), list(summary.events)
-            self._written = {METRICS: -1, EVENTS: -1}
+            self._metrics = list(summary.metrics_history)
+            self._written = -1
         self._run.update(state=state, ended=time.time(), stopped=summary.stopped if summary else None,
                          error=None if error is None else {"type": type(error).__name__, "message": str(error)})
-        self._write_lists()
+        self._write_metrics()
         self._put(RUN, self._run)
 
-    def _write_lists(self) -> None:
+    def _write_metrics(self) -> None:
         self._last_write = self._clock()
-        for name, entries in ((METRICS, self._metrics), (EVENTS, self._events)):
-            if self._written[name] != len(entries) and self._put(name, entries):
-                self._written[name] = len(entries)
+        if self._written != len(self._metrics) and self._put(METRICS, self._metrics):
+            self._written = len(self._metrics)
 
     def _put(self, name: str, value: Any) -> bool:
         """Write a JSON file of the record whole (never seen half written)."""
@@ -134,6 +130,26 @@ def read_json(storage: RunStorage, name: str, default: Any) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise ConfigError(f"{storage.url(name)} is not valid JSON ({exc}): the run record is damaged.") from exc
+
+
+def unshared_storage(storage: RunStorage, run_id: str, node_ip: str) -> str | None:
+    """Why this process cannot use the run's local storage_path, or None: the driver wrote the run's
+    record there before any worker started, so a worker on a machine that does not see this run's
+    record sees another disk. Its checkpoint parts would land there, out of the run's reach (a
+    checkpoint split across disks), so the run must not start. Object stores are shared by nature."""
+    if not storage.appends:
+        return None
+    try:
+        found = read_json(storage, RUN, {}).get("run_id")
+    except ConfigError:
+        found = None
+    if found == run_id:
+        return None
+    return (f"storage_path {storage.storage_path!r} is a local folder, and the worker on {node_ip} does not see this "
+            f"run's record ({storage.url(RUN)}) that the driver wrote there: that machine has a disk of its own at "
+            "that path, so checkpoints would be split across machines. Use storage every node shares: an object "
+            "store (storage_path='s3://bucket/prefix', ...) or a network file system mounted at the same path on "
+            "every node.")
 
 
 def load_trainer(storage: RunStorage) -> dict[str, Any]:
@@ -161,4 +177,4 @@ def load_trainer(storage: RunStorage) -> dict[str, Any]:
     return trainer
 
 
-__all__ = ["RunRecord", "read_json", "load_trainer", "to_json", "RUN", "METRICS", "EVENTS", "TRAINER", "HISTORY_KEYS"]
+__all__ = ["RunRecord", "read_json", "unshared_storage", "load_trainer", "to_json", "RUN", "METRICS", "TRAINER", "HISTORY_KEYS"]

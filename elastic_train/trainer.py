@@ -29,11 +29,13 @@ from elastic_train.config import (
 )
 from elastic_train.callbacks import CallbackRunner, TrainRunContext
 from elastic_train.errors import ConfigError, ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
+from elastic_train.progress import Progress
 from elastic_train.protocol import Feed
 from elastic_train.result import Result, stored_checkpoint
-from elastic_train.run_record import RUN, RunRecord, load_trainer, read_json
+from elastic_train.run_record import RUN, RunRecord, load_trainer, read_json, to_json
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.supervisor.actor import RunSummary, Supervisor
+from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
 from elastic_train.supervisor.state import RunState
 from elastic_train.torch.config import TorchConfig
 from elastic_train.unsupported import TRAIN_NAMES
@@ -94,8 +96,14 @@ def _on_head_node() -> dict[str, float]:
 
 
 def supervisor_name(run_name: str) -> str:
-    """The Ray actor name of a run's supervisor: `ray.get_actor(supervisor_name(name))` attaches to it."""
+    """The Ray actor name of a run's supervisor (in the namespace `ACTOR_NAMESPACE`)."""
     return f"elastic_train:{run_name}"
+
+
+def attach(run_name: str) -> Any:
+    """The live supervisor of the run named `run_name`, from any process connected to its Ray cluster
+    (raises ValueError when no such run is live)."""
+    return ray.get_actor(supervisor_name(run_name), namespace=ACTOR_NAMESPACE)
 
 
 class TorchTrainer:
@@ -260,13 +268,14 @@ class TorchTrainer:
             )
         storage.check_writable()
         trial_name, trial_id = _tune_trial()
+        run_id = uuid.uuid4().hex
         spec = WorkerSpec(
             train_fn=self.train_loop_per_worker,
             train_config=(self.train_loop_config or {}) if self._loop_takes_config else None,
             backend=self._backend,
             elastic=elastic,
             storage=storage,
-            run=RunInfo(name, trial_name, trial_id, self.metadata),
+            run=RunInfo(name, trial_name, trial_id, self.metadata, run_id),
             initial_checkpoint=self.resume_from_checkpoint,
         )
         if not ray.is_initialized():
@@ -276,15 +285,15 @@ class TorchTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
-        record = RunRecord(storage, self._config_record(), elastic.run_record_interval_s)
+        record = RunRecord(storage, run_id, self._config_record(), elastic.run_record_interval_s)
         record.start(self._stored_arguments())
         callbacks = CallbackRunner(list(run.callbacks or ()), TrainRunContext(
-            run_id=uuid.uuid4().hex, name=name, path=storage.url(), run_config=run,
+            run_id=run_id, name=name, path=storage.url(), run_config=run,
             train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
             torch_config=self.torch_config or TorchConfig(), metadata=self.metadata, trial_name=trial_name,
             trial_id=trial_id))
         supervisor = ray.remote(Supervisor).options(
-            name=supervisor_name(name), num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
+            name=supervisor_name(name), namespace=ACTOR_NAMESPACE, num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
             # Ray restarts a dead supervisor, and re-sends the calls it had in flight (this one's too).
             max_restarts=elastic.supervisor_max_restarts, max_task_retries=-1,
             # Never in the caller's placement group (a Tune trial's bundle holds only its driver): the
@@ -300,13 +309,16 @@ class TorchTrainer:
             self._supervisor, stop_reason = supervisor, self._stop_reason
         if stop_reason is not None:
             supervisor.stop_run.remote(stop_reason)
+        progress = Progress(name, run.verbose, elastic.progress_interval_s)
         try:
-            summary = _follow(supervisor, callbacks, record, storage, elastic.run_record_interval_s)
+            summary = _follow(supervisor, _Dispatch(callbacks, record, storage, progress), record,
+                              elastic.run_record_interval_s)
         except ray.exceptions.RayError as exc:  # the supervisor died for good, or its run() raised
             error = ControllerError(exc)
             record.finish("errored", error=error)
             raise error from exc
         finally:
+            progress.close()
             ray.kill(supervisor)
         error = _failure(summary)
         checkpoints = [(stored_checkpoint(storage, c), c.metrics) for c in summary.checkpoints]
@@ -317,7 +329,7 @@ class TorchTrainer:
             error=error,
             metrics_history=summary.metrics_history,
             best_checkpoints=checkpoints,
-            events=summary.events,
+            events=json.loads(to_json(summary.events)),  # as the event log (events.jsonl) holds them
             return_value=cloudpickle.loads(summary.returned) if summary.returned is not None else None,
         )
         try:
@@ -417,10 +429,11 @@ def _failure(summary: RunSummary) -> TrainingFailedError | None:
 class _Dispatch:
     """Hands each feed of the supervisor to the callbacks, in order, and to the run record."""
 
-    def __init__(self, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage):
+    def __init__(self, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage, progress: Progress):
         self._callbacks = callbacks
         self._record = record
         self._storage = storage
+        self._progress = progress
         self._world_size: int | None = None
 
     def __call__(self, feed: Feed) -> None:
@@ -434,11 +447,11 @@ class _Dispatch:
                 self._world_size = event["world_size"]
             elif event["kind"] == "failure" and event.get("worker_failures"):
                 self._callbacks("after_exception", event["worker_failures"])
-        self._record.add(feed.reports, feed.events)
+        self._record.add(feed.reports)
+        self._progress.update(feed)
 
 
-def _follow(supervisor: Any, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage,
-            interval_s: float) -> RunSummary:
+def _follow(supervisor: Any, dispatch: _Dispatch, record: RunRecord, interval_s: float) -> RunSummary:
     """Start the supervisor's run and follow it until it ends: long-poll the supervisor's feed (at most
     `interval_s` per call, so the record is written on time) and dispatch it; returns the summary.
 
@@ -446,7 +459,6 @@ def _follow(supervisor: Any, callbacks: CallbackRunner, record: RunRecord, stora
     `SystemExit` from a callback, `KeyboardInterrupt`) stops the run cleanly, waits for it to end,
     records it, and propagates."""
     run = supervisor.run.remote()
-    dispatch = _Dispatch(callbacks, record, storage)
     report_cursor = event_cursor = 0
     incarnation = ""
     try:

@@ -6,9 +6,8 @@ import threading
 import time
 from typing import Any, Callable
 
-import ray
-
 import elastic_train as et
+from elastic_train.trainer import attach
 from tests.loops import linear_regression_loop
 
 
@@ -70,10 +69,10 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def actor_exists(name: str) -> bool:
-    """Is a named Ray actor alive (a dead driver's supervisor goes with it)?"""
+def supervisor_alive(run_name: str) -> bool:
+    """Is the run's supervisor alive (a dead driver's goes with it)? Found from this process as from any."""
     try:
-        ray.get_actor(name)
+        attach(run_name)
     except ValueError:
         return False
     return True

@@ -74,7 +74,8 @@ def linear_regression_loop(config: dict) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        time.sleep(config.get("step_time", 0.0))
+        slow = config.get("slow_s", 0.0) if ctx.get_world_rank() == config.get("slow_rank") else 0.0
+        time.sleep(config.get("step_time", 0.0) + slow)
         log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
                      generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id())
         fault_once(config, step, ctx.get_world_rank(), point="before_report")

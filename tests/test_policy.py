@@ -9,6 +9,7 @@ from elastic_train.protocol import Exit
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
+from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
 
 
 @pytest.mark.timeout(10)
@@ -157,3 +158,36 @@ def test_the_resume_point_for_each_checkpoint_pattern_and_lost_rank(pattern, los
         assert plan is None
     else:
         assert plan is not None and plan.index == 5 and set(plan.holders) == {1 - lost_rank}
+
+
+# == stragglers and growing memory (supervisor/pace.py) =============================================
+@pytest.mark.timeout(10)
+def test_a_rank_is_slow_against_the_median_of_its_peers():
+    assert slow_ranks({0: 0.1, 1: 0.35}, 2.0, 0.05) == {1}  # two ranks: against the other one
+    assert slow_ranks({0: 0.1, 1: 0.11, 2: 0.1, 3: 0.5}, 2.0, 0.05) == {3}
+    assert slow_ranks({0: 0.001, 1: 0.004}, 2.0, 0.05) == set()  # 4x, but 3 ms: noise
+    assert slow_ranks({0: 5.0}, 2.0, 0.05) == set()  # alone: no peer to be slower than
+    assert slow_ranks({0: 0.2, 1: 0.2}, 2.0, 0.05) == set()
+
+
+@pytest.mark.timeout(10)
+def test_a_straggler_is_flagged_after_its_streak_and_cleared_when_it_catches_up():
+    watch = PaceWatch(factor=2.0, reports=3, min_excess_s=0.05, memory_reports=3, memory_min_growth_bytes=100)
+    slow, fast = {0: 0.1, 1: 0.4}, {0: 0.1, 1: 0.1}
+    assert [watch.observe(slow, {})[0] for _ in range(3)] == [set(), set(), {1}]
+    assert watch.observe(slow, {}) == (set(), set(), set())  # flagged once
+    assert watch.observe(fast, {}) == (set(), {1}, set()) and watch.stragglers == set()
+    assert [watch.observe(slow, {})[0] for _ in range(2)] + [watch.observe(fast, {})[0]] == [set()] * 3  # streak broken
+    watch.observe(slow, {})
+    watch.observe({0: 0.1}, {})  # worker 1 left the run: no longer watched
+    assert watch.streaks == {0: 0}
+
+
+@pytest.mark.timeout(10)
+def test_memory_is_growing_when_it_rose_at_every_report_by_enough():
+    assert climbing([1, 2, 3, 400], 3, 100) and not climbing([1, 2, 3], 3, 0)
+    assert not climbing([1, 500, 400, 900], 3, 100)  # fell once
+    assert not climbing([1, 2, 3, 4], 3, 100)  # rose, but by little
+    watch = PaceWatch(factor=2.0, reports=3, min_excess_s=0.05, memory_reports=2, memory_min_growth_bytes=100)
+    flagged = [watch.observe({7: 0.1}, {7: rss})[2] for rss in (100, 200, 300, 400, 350, 500, 700)]
+    assert flagged == [set(), set(), {7}, set(), set(), set(), {7}]

@@ -42,12 +42,12 @@ from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import Assignment, PreemptionInfo
 from elastic_train.torch import TorchConfig, TorchTrainer
-from elastic_train.trainer import supervisor_name
+from elastic_train.trainer import attach
 from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
 from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
 from elastic_train.worker.persister import PartUpload, Persister
 from tests.conftest import ROOT, ray_runtime_env, stop_ray
-from tests.helpers import actor_exists, make_trainer, wait_for
+from tests.helpers import supervisor_alive, make_trainer, wait_for
 from tests.loops import large_shard_loop, log_progress, read_progress
 from tests.test_user_programs import once
 
@@ -212,7 +212,7 @@ def test_a_raising_callback_stops_the_run_cleanly(local_ray, run_dirs, exc):
             trainer.fit()
         assert caught.value.controller_failure is exc
     with pytest.raises(ValueError):
-        ray.get_actor(supervisor_name("run"))
+        attach("run")
     left = train.Result.from_path(str(Path(run_dirs["storage"], "run")))
     assert left.checkpoint.to_dict()["step"] >= 3
     assert any(e["kind"] == "stop_requested" for e in left.events)
@@ -305,7 +305,7 @@ def test_from_path_after_the_driver_was_killed_and_restore_without_the_loop(loca
     assert left.error is None and left.best_checkpoints and left.events[0]["kind"] == "run_started"
     with left.checkpoint.as_directory() as d:
         assert sorted(os.listdir(d)) == ["shard_0.bin", "shard_1.bin"]
-    wait_for(lambda: not actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
+    wait_for(lambda: not supervisor_alive("run"), 60, "the dead driver's supervisor to go")
 
     restored = train.TorchTrainer.restore(str(run), train_loop_config={**args["config"], "steps_after_restore": 2})
     assert restored.train_loop_per_worker is large_shard_loop

@@ -19,9 +19,8 @@ import elastic_train as et
 from elastic_train.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
 from elastic_train.checkpoint.manifest import MANIFEST, Manifest
 from elastic_train.checkpoint.storage import Attempt, RunStorage
-from elastic_train.trainer import supervisor_name
 from tests.conftest import ROOT, ray_runtime_env
-from tests.helpers import actor_exists, wait_for
+from tests.helpers import supervisor_alive, wait_for
 from tests.loops import large_shard_loop, read_progress, sharded_directory_loop
 
 SHARD_MB = 8
@@ -63,7 +62,7 @@ def test_driver_killed_while_writing_resumes_from_a_whole_checkpoint(local_ray, 
     old_pids = {p["pid"] for p in read_progress(run_dirs["log_dir"])}
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                              for p in old_pids), 60, "the dead driver's workers to go")
-    wait_for(lambda: not actor_exists(supervisor_name("run")), 60, "the dead driver's supervisor to go")
+    wait_for(lambda: not supervisor_alive("run"), 60, "the dead driver's supervisor to go")
 
     result = et.TorchTrainer(
         large_shard_loop,

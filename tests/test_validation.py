@@ -24,7 +24,7 @@ def loop(config):
         (lambda: et.TorchTrainer(42), "train_loop_per_worker must be a function"),
         (lambda: et.TorchTrainer(loop(None)), "not train_func()"),
         (lambda: et.TorchTrainer(loop, scaling_config={"num_workers": 2, "num_worker": 3}),
-         "ScalingConfig has no option 'num_worker'; known options: num_workers"),
+         r"ScalingConfig has no option 'num_worker' \(did you mean 'num_workers'\?\); known options: .*num_workers"),
         (lambda: et.TorchTrainer(loop, run_config={"storage": "/tmp"}), "RunConfig has no option 'storage'"),
         (lambda: et.TorchTrainer(loop, train_loop_config=[1]), "train_loop_config must be a dict"),
         (lambda: et.TorchTrainer(lambda: None, train_loop_config={"a": 1}), "add a `config` parameter"),

@@ -274,6 +274,21 @@ class RunStorage:
         """Write a file of the run's folder (not a checkpoint) whole."""
         self._put(posixpath.join(self.root, name), data, f"writing {self.url(name)}")
 
+    @property
+    def appends(self) -> bool:
+        """Whether `append_bytes` works here: local storage appends; object stores only write whole."""
+        return is_local(self.fs)
+
+    def append_bytes(self, name: str, data: bytes) -> None:
+        """Append to a file of the run's folder (local storage only: see `appends`)."""
+        path = posixpath.join(self.root, name)
+
+        def append() -> None:
+            with open(path, "ab") as f:
+                f.write(data)
+
+        self.retry.call(f"appending to {self.url(name)}", append)
+
     def read(self, name: str) -> bytes | None:
         """A file of the run's folder (not a checkpoint); None when it is missing."""
         return self._read(posixpath.join(self.root, name))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 import uuid
 import warnings
@@ -37,9 +38,11 @@ from elastic_train.supervisor.agreement import Agreements
 from elastic_train.supervisor.adoption import describe_workers, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
+from elastic_train.supervisor.event_log import EventLog
 from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.pace import PaceWatch
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
@@ -120,10 +123,15 @@ class Supervisor:
         self._preemption: PreemptionInfo | None = None
         self._notices = notices.Notices(failure.max_preemption_failures)
         self._agreements = Agreements()  # get_preemption_info() and collective calls waiting for their peers
+        self._step_times: dict[tuple[int, int], dict[int, float]] = {}  # (generation, index) -> worker -> step time
+        self._pace = PaceWatch(self._elastic.straggler_factor, self._elastic.straggler_reports,
+                               self._elastic.straggler_min_excess_s, self._elastic.memory_growth_reports,
+                               self._elastic.memory_growth_min_mb * 2**20)
         self._final_flush: ResumePlan | None = None  # what the workers store before they stop
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
-        self._events: list[dict[str, Any]] = []
+        self._log = EventLog(self._storage, go_on=restarted)  # a restarted supervisor appends to its predecessor's
+        self._events = self._log.entries
 
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
@@ -143,6 +151,7 @@ class Supervisor:
         self._adopted.set()
         if self._elastic.watch_ray_drains:
             self._track(self._watch_ray_drains())
+        self._track(self._write_events())
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -152,6 +161,7 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
+        await asyncio.get_running_loop().run_in_executor(None, self._log.flush)
         if self._worker_failures and self._state is RunState.ERRORED:
             self._worker_failures = self._raised() or self._worker_failures  # with the ranks that parked since
         self._feed.settle_all()
@@ -581,6 +591,7 @@ class Supervisor:
         dir_name: str | None = None,
         registered: bool = False,
         sync: bool = False,
+        step_s: float | None = None,
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
         `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
@@ -593,6 +604,8 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         w.last_report = (index, time.monotonic())
+        if step_s is not None:
+            self._step_times.setdefault((generation, index), {})[worker_id] = step_s
         entry.dir_name = entry.dir_name or dir_name
         if registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
             entry.registered = entry.persist = True
@@ -604,14 +617,16 @@ class Supervisor:
         if entry.complete and not entry.made:  # made once every rank made it: then it counts
             entry.made = True
             first = entry.metrics_by_rank.get(0)  # None: made before a supervisor restart, retried since
+            made_at = time.time()
             if first is not None:
                 self._metrics = dict(first)
                 self._history.append({**first, "_index": index, "_generation": generation,
-                                      "_world_size": world_size, "_time": time.time()})
+                                      "_world_size": world_size, "_time": made_at})
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = self._resize_at is not None and index >= self._resize_at
+            self._watch_pace(index, self._step_times.pop((generation, index), {}))
             self._feed.made(ReportRecord(index, generation, world_size,
-                                         [entry.metrics_by_rank.get(r, {}) for r in range(world_size)]),
+                                         [entry.metrics_by_rank.get(r, {}) for r in range(world_size)], time=made_at),
                             awaits_commit=bool(entry.persist))
             self._fed.set()
             barrier = self._barriers.pop(index, None)
@@ -624,6 +639,24 @@ class Supervisor:
         return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist) and not entry.registered,
                            replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
                            list_stored=registered and w.rank == min(entry.registered_by))
+
+    def _watch_pace(self, index: int, step_times: dict[int, float]) -> None:
+        """Report `index`, which every member made: flag stragglers and growing memory (pace.py)."""
+        members = {w.worker_id: w for w in self._members()}
+        rss = {i: w.facts["rss_bytes"] for i, w in members.items() if "rss_bytes" in w.facts}
+        new, cleared, growing = self._pace.observe(step_times, rss)
+        for worker_id in sorted(new):
+            w = members.get(worker_id)
+            peers = statistics.median(s for other, s in step_times.items() if other != worker_id)
+            self._event("straggler", index=index, worker_id=worker_id, rank=w.rank if w else None,
+                        node_id=w.node_id if w else None, step_s=round(step_times[worker_id], 4),
+                        median_step_s=round(peers, 4), reports=self._elastic.straggler_reports)
+        for worker_id in sorted(cleared):
+            self._event("straggler_cleared", index=index, worker_id=worker_id, step_s=round(step_times[worker_id], 4))
+        for worker_id in sorted(growing):
+            w = members.get(worker_id)
+            self._event("memory_growing", index=index, worker_id=worker_id, rank=w.rank if w else None,
+                        rss_mb=round(rss[worker_id] / 2**20, 1), reports=self._elastic.memory_growth_reports)
 
     def _rejects(self, w: WorkerRecord, generation: int, index: int) -> bool:
         """A report of a generation that is over, or of a fenced worker, is refused."""
@@ -641,14 +674,15 @@ class Supervisor:
             barrier.set()
         self._barriers.clear()
         self._agreements.release()
+        self._step_times.clear()  # of reports that will never be made
 
     async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
         """For the driver's callbacks: the reports (settled, in order) and events after the cursors;
         waits up to `timeout_s` for one. Cursors of another `incarnation` (a supervisor that Ray
-        restarted since) count from the start."""
+        restarted since) count from this one's start."""
         await self._adopted.wait()
-        if incarnation != self._incarnation:
-            report_cursor = event_cursor = 0
+        if incarnation != self._incarnation:  # the driver has seen what this one's log inherited
+            report_cursor, event_cursor = 0, self._log.inherited
         await self._until(lambda: self._closed or bool(self._feed.since(report_cursor))
                           or len(self._events) > event_cursor, timeout_s)
         reports, events = self._feed.since(report_cursor), self._events[event_cursor:]
@@ -801,6 +835,13 @@ class Supervisor:
             return False, None
         return True, answer
 
+    async def _write_events(self) -> None:
+        """Write new events to the run's event log as the run goes (the last ones at its end)."""
+        loop = asyncio.get_running_loop()
+        while not self._state.terminal:
+            await loop.run_in_executor(None, self._log.flush)
+            await asyncio.sleep(self._elastic.event_log_interval_s)
+
     async def _watch_ray_drains(self) -> None:
         """Nodes that Ray drains (`ray drain-node`, KubeRay, the autoscaler) are preemption notices
         for the workers on them."""
@@ -837,7 +878,9 @@ class Supervisor:
 
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:
-        """A snapshot for monitors and fault injectors attached from outside the driver."""
+        """A snapshot for monitors and fault injectors attached from outside the driver (`elastic-train
+        status`): the run's state, and per member its place, heartbeat age, last step time, RSS and flags."""
+        now = time.monotonic()
         return {
             "state": self._state.value,
             "generation": self._generation,
@@ -846,7 +889,10 @@ class Supervisor:
             "metrics": dict(self._metrics),
             "members": {
                 w.worker_id: {"rank": w.rank, "pid": w.pid, "status": w.status.value, "node": w.node_id,
-                              "ip": w.ip, **w.facts}
+                              "ip": w.ip, **w.facts, "heartbeat_age_s": now - w.last_heartbeat,
+                              "step_s": self._pace.last_step_s.get(w.worker_id),
+                              "straggler": w.worker_id in self._pace.stragglers,
+                              "memory_growing": w.worker_id in self._pace.growing}
                 for w in self._members()
             },
             "events": self._events[events_since:],

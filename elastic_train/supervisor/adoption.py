@@ -22,7 +22,7 @@ from elastic_train.protocol import WorkerInfo
 logger = logging.getLogger(__name__)
 
 
-WORKER_NAMESPACE = "elastic_train"  # workers' Ray namespace: detached actors in a driver's anonymous one make Ray warn
+ACTOR_NAMESPACE = "elastic_train"  # the Ray namespace of every run's supervisor and workers: found from any process (`elastic-train status`, chaos); detached actors in a driver's anonymous one make Ray warn
 
 
 def worker_prefix(supervisor_actor_id: str) -> str:
@@ -40,8 +40,8 @@ async def describe_workers(prefix: str, timeout_s: float) -> tuple[list[tuple[An
     starts replacements."""
     loop = asyncio.get_running_loop()
     listed = await loop.run_in_executor(None, lambda: ray.util.list_named_actors(all_namespaces=True))
-    names = [a["name"] for a in listed if a["namespace"] == WORKER_NAMESPACE and a["name"].startswith(prefix)]
-    handles = [await loop.run_in_executor(None, ray.get_actor, n, WORKER_NAMESPACE) for n in names]
+    names = [a["name"] for a in listed if a["namespace"] == ACTOR_NAMESPACE and a["name"].startswith(prefix)]
+    handles = [await loop.run_in_executor(None, ray.get_actor, n, ACTOR_NAMESPACE) for n in names]
     answers = await asyncio.gather(
         *(asyncio.wait_for(h.describe.remote(), timeout_s) for h in handles),
         return_exceptions=True,

@@ -15,7 +15,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from elastic_train.config import ElasticConfig, ScalingConfig
 from elastic_train.protocol import Assignment, Stop
-from elastic_train.supervisor.adoption import WORKER_NAMESPACE, worker_name
+from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, worker_name
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
 from elastic_train.worker.nccl_env import nccl_env
@@ -83,7 +83,7 @@ class WorkerPool:
             self.next_id += 1
             actor = self._class.options(
                 name=worker_name(self._prefix, worker_id),
-                namespace=WORKER_NAMESPACE,
+                namespace=ACTOR_NAMESPACE,
                 lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
                 num_cpus=resources.get("CPU", 0),
                 num_gpus=resources.get("GPU", 0),

@@ -23,6 +23,7 @@ from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, St
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
+from elastic_train.run_record import unshared_storage
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
@@ -148,6 +149,12 @@ class TrainWorker:
 
     # -- the member loop ------------------------------------------------------------------------
     def run(self) -> str:
+        unshared = unshared_storage(self._spec.storage, self._spec.run.run_id, self._ip)
+        if unshared is not None:  # checked before training: no part of a checkpoint may land out of reach
+            logger.error("worker %d: %s", self.worker_id, unshared)
+            ray.get(self._supervisor.storage_failed.remote(self.worker_id, unshared))
+            self._stopped.set()
+            return unshared
         heartbeat = HeartbeatSender(
             self._supervisor, self.worker_id, self._spec.elastic.heartbeat_interval_s,
             lambda: self._generation, self._on_generation_ended, self._on_supervisor_gone,

@@ -23,6 +23,7 @@ class RunInfo:
     trial_name: str | None = None  # the Ray Tune trial this run belongs to, if any
     trial_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # TorchTrainer(metadata=...)
+    run_id: str = ""  # unique to this fit(): the run record (run.json) names it
 
 
 @dataclass(frozen=True)

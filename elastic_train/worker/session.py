@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
@@ -122,6 +123,8 @@ class TrainSession:
         self._scratch: str | None = None
         self._preemption_calls = 0
         self._collective_calls = 0
+        self._step_s = 0.0  # the loop's time since the last report, outside report() and other barriers
+        self._outside_since = time.monotonic()
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -135,6 +138,16 @@ class TrainSession:
         evicted by the snapshot kept here."""
         if self._generation_ended():
             raise GenerationEnded()
+        step_s = self._enter_barrier()
+        self._step_s = 0.0
+        try:
+            self._report(metrics, checkpoint, dir_name, mode, delete_local, upload_fn, step_s)
+        finally:
+            self._outside_since = time.monotonic()
+
+    def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, dir_name: str | None,
+                mode: CheckpointUploadMode, delete_local: bool, upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
+                step_s: float) -> None:
         self.index += 1
         assignment = self.context.assignment
         files: dict[str, bytes] | None = None
@@ -164,7 +177,7 @@ class TrainSession:
         reply = self._supervisor.report.remote(
             self.worker_id, assignment.generation, self.index, dict(metrics),
             sorted(files) if files is not None else None, loader_states, dir_name, registered,
-            mode is CheckpointUploadMode.SYNC)
+            mode is CheckpointUploadMode.SYNC, step_s)
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
@@ -188,8 +201,12 @@ class TrainSession:
         when the generation ends."""
         if self._generation_ended():
             raise GenerationEnded()
-        accepted, answer = ray.get(method.remote(self.worker_id, self.context.assignment.generation, call,
-                                                 self.index, *brought))
+        self._step_s = self._enter_barrier()
+        try:
+            accepted, answer = ray.get(method.remote(self.worker_id, self.context.assignment.generation, call,
+                                                     self.index, *brought))
+        finally:
+            self._outside_since = time.monotonic()
         if not accepted:
             raise GenerationEnded()
         return answer
@@ -208,6 +225,11 @@ class TrainSession:
         return self._resume_states[position] if position < len(self._resume_states) else None
 
     # -- internals ------------------------------------------------------------------------------
+    def _enter_barrier(self) -> float:
+        """The loop's time since the last report, outside barriers, as it enters one (its step time,
+        for telling stragglers: supervisor/pace.py)."""
+        return self._step_s + time.monotonic() - self._outside_since
+
     def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> bool:
         """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)

@@ -1,0 +1,197 @@
+"""`elastic-train`: look at runs from a terminal, while they run and after.
+
+    elastic-train runs STORAGE                     runs under a storage_path: state, steps, world sizes
+    elastic-train events RUN_PATH [--follow]       the run's event log, as it grows
+    elastic-train checkpoints RUN_PATH [--verify]  committed checkpoints (and whether their files are whole)
+    elastic-train timeline RUN_PATH -o out.png     step rate, world size, faults and commits over time
+    elastic-train status NAME [--address auto]     the live run on the Ray cluster, worker by worker
+
+RUN_PATH is a run's folder as `Result.path` gives it, STORAGE a `storage_path`: a local folder or
+any fsspec URL; `-O key=value` passes storage options (credentials usually come from the
+environment, as for the run). All but `status` read the run's folder only: JSON and manifests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from elastic_train.checkpoint.storage import RunStorage, open_filesystem
+from elastic_train.errors import ConfigError
+from elastic_train.result import Result
+from elastic_train.run_record import RUN, read_json
+from elastic_train.supervisor.event_log import read_events
+
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
+console = Console()
+
+Options = typer.Option([], "--storage-option", "-O", help="a storage option, key=value (value read as JSON if it parses)")
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r}: write key=value, e.g. -O endpoint_url=http://127.0.0.1:9000")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _result(run_path: str, options: dict[str, Any]) -> Result:
+    try:
+        return Result.from_path(run_path, options)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _when(seconds: float | None) -> str:
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S") if seconds else "-"
+
+
+def _world_sizes(events: list[dict[str, Any]]) -> list[int]:
+    return [e["world_size"] for e in events if e["kind"] == "generation"]
+
+
+@app.command()
+def runs(storage: str = typer.Argument(..., help="a storage_path"), storage_option: list[str] = Options) -> None:
+    """The runs stored under STORAGE."""
+    options = _options(storage_option)
+    fs, root = open_filesystem(storage, options)
+    table = Table("run", "state", "started", "last step", "world sizes", "checkpoints", "newest checkpoint")
+    found = 0
+    try:
+        entries = sorted(fs.ls(root, detail=False))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        run = RunStorage(storage, name, options)
+        record = read_json(run, RUN, None)
+        if record is None:
+            continue
+        found += 1
+        result = _result(run.url(), options)
+        last = result.metrics_history[-1]["_index"] if result.metrics_history else "-"
+        sizes = _world_sizes(result.events)
+        newest = result.best_checkpoints[-1][0].manifest.step if result.best_checkpoints else "-"
+        table.add_row(name, str(record.get("state", "?")).lower(), _when(record.get("started")), str(last),
+                      " ".join(map(str, sizes)) or "-", str(len(result.best_checkpoints)), f"step {newest}")
+    if not found:
+        console.print(f"no runs under {storage}")
+        raise typer.Exit(1)
+    console.print(table)
+
+
+def _event_line(event: dict[str, Any], start: float) -> str:
+    details = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("t", "time", "kind"))
+    return f"{event.get('time', start) - start:9.2f}s  {event['kind']:<26} {details}"
+
+
+@app.command()
+def events(run_path: str = typer.Argument(..., help="a run's folder (Result.path)"),
+           follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new events until the run ends"),
+           interval: float = typer.Option(1.0, help="seconds between reads with --follow"),
+           storage_option: list[str] = Options) -> None:
+    """The run's events, oldest first."""
+    storage = RunStorage.at(run_path, _options(storage_option))
+    shown, start = 0, None
+    while True:
+        entries = read_events(storage)
+        if start is None and entries:
+            start = entries[0].get("time", 0.0)
+        for event in entries[shown:]:
+            console.print(_event_line(event, start), markup=False, highlight=False, soft_wrap=True)
+        shown = max(shown, len(entries))
+        if not follow or any(e["kind"] == "run_ended" for e in entries):
+            return
+        time.sleep(interval)
+
+
+@app.command()
+def checkpoints(run_path: str = typer.Argument(..., help="a run's folder (Result.path)"),
+                verify: bool = typer.Option(False, "--verify", help="read every file and check its size and SHA-256"),
+                storage_option: list[str] = Options) -> None:
+    """The run's committed checkpoints, oldest first."""
+    storage = RunStorage.at(run_path, _options(storage_option))
+    committed = storage.committed()
+    columns = ["folder", "step", "generation", "world size", "files", "MB", "created", "metrics"]
+    table = Table(*columns, *(["verified"] if verify else []))
+    bad = 0
+    for checkpoint in committed:
+        manifest = checkpoint.manifest
+        row = [checkpoint.path.rstrip("/").rsplit("/", 1)[-1], str(manifest.step), str(manifest.generation),
+               str(manifest.world_size), str(len(manifest.files)), f"{manifest.total_bytes / 2**20:.2f}",
+               _when(manifest.created), json.dumps(manifest.metrics, default=str)[:60]]
+        if verify:
+            problems = [p.removeprefix(f"{checkpoint.path}/") for p in storage.verify(checkpoint)]
+            bad += bool(problems)
+            row.append("whole" if not problems else "; ".join(problems))
+        table.add_row(*row)
+    console.print(table if committed else f"no committed checkpoint in {run_path}")
+    if bad:
+        raise typer.Exit(2)
+
+
+@app.command()
+def status(name: str = typer.Argument(..., help="the run's name (RunConfig.name)"),
+           address: str = typer.Option("auto", help="the Ray cluster's address, as for ray.init")) -> None:
+    """Attach to the live run NAME on the Ray cluster: its state, and every worker's place, heartbeat,
+    step time, memory and flags."""
+    import ray
+
+    from elastic_train.trainer import attach
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        try:
+            supervisor = attach(name)
+        except ValueError:
+            console.print(f"no live run named {name!r} on the cluster at {address}")
+            raise typer.Exit(1) from None
+        snapshot = ray.get(supervisor.status.remote(0), timeout=30)
+    finally:
+        ray.shutdown()
+    metrics = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in snapshot["metrics"].items())
+    console.print(f"[bold]{name}[/]: {snapshot['state'].lower()}, generation {snapshot['generation']}, "
+                  f"world size {snapshot['world_size']}, report {snapshot['index']}  {metrics}")
+    table = Table("rank", "worker", "node", "ip", "pid", "heartbeat age", "step time", "RSS MB", "CPU %", "flags")
+    for worker_id, member in sorted(snapshot["members"].items(), key=lambda item: item[1]["rank"]):
+        flags = [flag for flag in ("straggler", "memory_growing") if member.get(flag)]
+        step = member.get("step_s")
+        table.add_row(str(member["rank"]), str(worker_id), member["node"][:12], member["ip"], str(member["pid"]),
+                      f"{member['heartbeat_age_s']:.1f} s", f"{step:.3f} s" if step is not None else "-",
+                      f"{member.get('rss_bytes', 0) / 2**20:.0f}", f"{member.get('cpu_percent', 0):.0f}",
+                      " ".join(flags) or "-")
+    console.print(table)
+
+
+@app.command()
+def timeline(run_path: str = typer.Argument(..., help="a run's folder (Result.path)"),
+             output: Path = typer.Option(..., "--output", "-o", help="the PNG to write"),
+             storage_option: list[str] = Options) -> None:
+    """Draw the run: steps per second and world size over time, with its faults and commits."""
+    from elastic_train.timeline import draw
+
+    result = _result(run_path, _options(storage_option))
+    draw(result, output)
+    console.print(f"wrote {output}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Seeing a run: its event log (`events.jsonl`) is written as the run goes, read while it is still
+going and after its driver died, and kept across a supervisor that Ray restarted."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import ray
+
+from rich.console import Console
+
+import elastic_train as et
+from elastic_train.checkpoint.manifest import Manifest
+from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.progress import Progress
+from elastic_train.protocol import Feed, ReportRecord
+from elastic_train.supervisor.event_log import EVENT_LOG, EventLog, read_events
+from elastic_train.trainer import attach
+from tests.helpers import fit_in_background, make_trainer, wait_for
+from tests.loops import read_progress
+
+
+@pytest.fixture(params=["local", "s3"])
+def run_storage(request, tmp_path):
+    """A run's storage on local disk (appended to) and on S3 (written whole)."""
+    if request.param == "local":
+        storage = RunStorage(str(tmp_path), "run")
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        storage = RunStorage(bucket["url"], "run", bucket["options"])
+    storage.check_writable()
+    return storage
+
+
+@pytest.mark.timeout(30)
+def test_the_event_log_is_written_as_it_goes_and_a_restarted_supervisor_appends(run_storage):
+    storage = run_storage
+    first = EventLog(storage, go_on=False)
+    first.entries += [{"kind": "run_started"}, {"kind": "worker_lost", "reason": "died"}]
+    first.flush()
+    assert read_events(storage) == first.entries
+    first.entries.append({"kind": "generation"})  # recorded after the last flush: lost with its supervisor
+    restarted = EventLog(storage, go_on=True)
+    assert restarted.entries == [{"kind": "run_started"}, {"kind": "worker_lost", "reason": "died"}]
+    assert restarted.inherited == 2
+    restarted.entries.append({"kind": "supervisor_restarted"})
+    restarted.flush()
+    assert [e["kind"] for e in read_events(storage)] == ["run_started", "worker_lost", "supervisor_restarted"]
+    # A new fit() of a run with this name starts a log of its own at its first flush, even an empty one.
+    EventLog(storage, go_on=False).flush()
+    assert read_events(storage) == []
+
+
+@pytest.mark.timeout(10)
+def test_a_damaged_event_log_is_named_and_a_restarted_supervisor_writes_it_anew(tmp_path):
+    storage = RunStorage(str(tmp_path), "run")
+    storage.check_writable()
+    (tmp_path / "run" / EVENT_LOG).write_text('{"kind": "run_started"}\n{"kind": ')  # a crash mid-append
+    assert read_events(storage) == [{"kind": "run_started"}]
+    (tmp_path / "run" / EVENT_LOG).write_text('{"kind": "run_started"}\n{"kind": \n{"kind": "generation"}\n')
+    with pytest.raises(et.ConfigError, match=r"events.jsonl is not JSON lines .*damaged"):
+        read_events(storage)
+    log = EventLog(storage, go_on=True)
+    assert log.entries == [] and log.inherited == 0
+    log.entries.append({"kind": "supervisor_restarted"})
+    log.flush()
+    assert read_events(storage) == [{"kind": "supervisor_restarted"}]
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_worker_is_in_the_event_log_while_the_run_goes_on(local_ray, run_dirs):
+    trainer = make_trainer(run_dirs, 2, steps=60, step_time=0.1, fault={"kind": "kill", "at_step": 5, "rank": 1},
+                           elastic=et.ElasticConfig(event_log_interval_s=0.2))
+    join = fit_in_background(trainer)
+    storage = RunStorage(run_dirs["storage"], "run")
+    lost = wait_for(lambda: [e for e in read_events(storage) if e["kind"] == "worker_lost"], 60,
+                    "the lost worker in events.jsonl")
+    killed = json.loads(Path(run_dirs["log_dir"], "fault.json").read_text())
+    assert lost[0]["pid"] == killed["pid"] and lost[0]["reason"]
+    kinds = [e["kind"] for e in read_events(storage)]
+    assert "run_ended" not in kinds and max(p["step"] for p in read_progress(run_dirs["log_dir"])) < 60
+    result = join(150)
+    assert result.events == read_events(storage) == et.Result.from_path(result.path).events
+    assert [e["kind"] for e in result.events][-1] == "run_ended"
+
+
+@pytest.mark.timeout(180)
+def test_after_a_supervisor_restart_the_log_holds_both_supervisors_events(local_ray, run_dirs):
+    trainer = make_trainer(run_dirs, 2, steps=50, step_time=0.1, elastic=et.ElasticConfig(event_log_interval_s=0.2))
+    join = fit_in_background(trainer)
+    wait_for(lambda: len(read_progress(run_dirs["log_dir"])) >= 10, 60, "training to start")
+    storage = RunStorage(run_dirs["storage"], "run")
+    wait_for(lambda: any(e["kind"] == "generation" for e in read_events(storage)), 30, "the first generation logged")
+    ray.kill(attach("run"), no_restart=False)
+    result = join(150)
+    kinds = [e["kind"] for e in read_events(storage)]
+    assert kinds[0] == "run_started" and "generation" in kinds[:kinds.index("supervisor_restarted")]
+    assert kinds.count("supervisor_restarted") == 1 and kinds[-1] == "run_ended"
+    assert result.events == read_events(storage)
+    assert result.metrics["step"] == 50  # (the history before the restart is the restarted supervisor's known gap)
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_rank_is_flagged_a_straggler_within_10_reports(local_ray, run_dirs):
+    result = make_trainer(run_dirs, 2, steps=12, step_time=0.02, slow_rank=1, slow_s=0.2).fit()
+    flagged = [e for e in result.events if e["kind"] == "straggler"]
+    assert [e["rank"] for e in flagged] == [1], flagged
+    # After straggler_reports (5) slow reports in a row; the first report's time is mostly set-up, alike.
+    assert et.ElasticConfig().straggler_reports <= flagged[0]["index"] <= 10, flagged
+    assert flagged[0]["step_s"] > 0.2 > flagged[0]["median_step_s"]
+    assert not [e for e in result.events if e["kind"] == "straggler_cleared"]
+
+
+# == what fit() shows (progress.py) =================================================================
+def _feed(reports=(), events=()) -> Feed:
+    return Feed(list(reports), list(events), 0, 0, over=False)
+
+
+GENERATION = {"kind": "generation", "generation": 1, "world_size": 2, "resume_from": "memory", "resume_index": 4}
+LOST = {"kind": "worker_lost", "worker_id": 3, "rank": 1, "pid": 99, "reason": "actor died"}
+COMMITTED = {"kind": "checkpoint_committed", "index": 5}
+
+
+def _shown(verbose: int, terminal: bool, feeds: list[Feed], clock: list[float]) -> str:
+    out = io.StringIO()
+    progress = Progress("demo", verbose, 10.0, Console(file=out, width=200, force_terminal=terminal),
+                        clock=lambda: clock[0])
+    for feed in feeds:
+        clock[0] += 6
+        progress.update(feed)
+    progress.close()
+    return out.getvalue()
+
+
+@pytest.mark.timeout(10)
+def test_progress_without_a_terminal_prints_events_and_a_status_line_every_interval():
+    committed = CommittedCheckpoint(5, "/x/checkpoint_5", Manifest(5, 1, 2, {}))
+    feeds = [_feed(events=[GENERATION]), _feed([ReportRecord(5, 1, 2, [{"loss": 0.25}, {}], committed)], [COMMITTED]),
+             _feed(events=[LOST])]
+    lines = _shown(1, False, feeds, [0.0]).splitlines()
+    assert lines == [
+        "[demo] generation 1: world size 2, resumed from memory at report 4",
+        "[demo] report 5 | loss=0.25 | world size 2 | generation 1 | checkpoint 5 | 00:12",  # 10 s passed
+        "[demo] worker 3 (rank 1, pid 99) lost: actor died",
+        "[demo] report 5 | loss=0.25 | world size 2 | generation 1 | checkpoint 5 | 00:18",  # at the end
+    ]
+    assert _shown(0, False, feeds, [0.0]) == ""
+    everything = _shown(2, False, feeds, [0.0])
+    assert "[demo] report 5: loss=0.25" in everything and "[demo] checkpoint_committed: index=5" in everything
+
+
+@pytest.mark.timeout(10)
+def test_progress_on_a_terminal_redraws_its_status_line():
+    shown = _shown(1, True, [_feed(events=[GENERATION]), _feed(events=[LOST])], [0.0])
+    assert "generation 1: world size 2" in shown and "lost: actor died" in shown
+    assert "\x1b[" in shown and shown.count("world size 2 | generation 1") >= 2  # redrawn in place
+
+
+@pytest.mark.timeout(10)
+def test_verbose_is_checked():
+    with pytest.raises(et.ConfigError, match=r"RunConfig.verbose=5: use 0 \(quiet\), 1"):
+        et.RunConfig(verbose=5)
