@@ -17,7 +17,7 @@ import datetime
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -25,12 +25,17 @@ from rich.table import Table
 
 from elastic_train.checkpoint.storage import RunStorage, open_filesystem
 from elastic_train.errors import ConfigError
+from elastic_train.progress import event_details, format_metrics
 from elastic_train.result import Result
 from elastic_train.run_record import RUN, read_json
-from elastic_train.supervisor.event_log import read_events
+from elastic_train.supervisor.event_log import EVENT_LOG, read_events
 
 app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
-console = Console()
+
+
+def _console() -> Console:
+    """Made per command: its width follows the terminal (or $COLUMNS) of this call."""
+    return Console()
 
 Options = typer.Option([], "--storage-option", "-O", help="a storage option, key=value (value read as JSON if it parses)")
 
@@ -59,13 +64,10 @@ def _when(seconds: float | None) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S") if seconds else "-"
 
 
-def _world_sizes(events: list[dict[str, Any]]) -> list[int]:
-    return [e["world_size"] for e in events if e["kind"] == "generation"]
-
-
 @app.command()
 def runs(storage: str = typer.Argument(..., help="a storage_path"), storage_option: list[str] = Options) -> None:
     """The runs stored under STORAGE."""
+    console = _console()
     options = _options(storage_option)
     fs, root = open_filesystem(storage, options)
     table = Table("run", "state", "started", "last step", "world sizes", "checkpoints", "newest checkpoint")
@@ -83,7 +85,7 @@ def runs(storage: str = typer.Argument(..., help="a storage_path"), storage_opti
         found += 1
         result = _result(run.url(), options)
         last = result.metrics_history[-1]["_index"] if result.metrics_history else "-"
-        sizes = _world_sizes(result.events)
+        sizes = result.world_sizes
         newest = result.best_checkpoints[-1][0].manifest.step if result.best_checkpoints else "-"
         table.add_row(name, str(record.get("state", "?")).lower(), _when(record.get("started")), str(last),
                       " ".join(map(str, sizes)) or "-", str(len(result.best_checkpoints)), f"step {newest}")
@@ -94,8 +96,7 @@ def runs(storage: str = typer.Argument(..., help="a storage_path"), storage_opti
 
 
 def _event_line(event: dict[str, Any], start: float) -> str:
-    details = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("t", "time", "kind"))
-    return f"{event.get('time', start) - start:9.2f}s  {event['kind']:<26} {details}"
+    return f"{event.get('time', start) - start:9.2f}s  {event['kind']:<26} {event_details(event)}"
 
 
 @app.command()
@@ -104,7 +105,11 @@ def events(run_path: str = typer.Argument(..., help="a run's folder (Result.path
            interval: float = typer.Option(1.0, help="seconds between reads with --follow"),
            storage_option: list[str] = Options) -> None:
     """The run's events, oldest first."""
+    console = _console()
     storage = RunStorage.at(run_path, _options(storage_option))
+    if storage.read(EVENT_LOG) is None and not follow:
+        console.print(f"no event log at {storage.url(EVENT_LOG)}")
+        raise typer.Exit(1)
     shown, start = 0, None
     while True:
         entries = read_events(storage)
@@ -123,6 +128,7 @@ def checkpoints(run_path: str = typer.Argument(..., help="a run's folder (Result
                 verify: bool = typer.Option(False, "--verify", help="read every file and check its size and SHA-256"),
                 storage_option: list[str] = Options) -> None:
     """The run's committed checkpoints, oldest first."""
+    console = _console()
     storage = RunStorage.at(run_path, _options(storage_option))
     committed = storage.committed()
     columns = ["folder", "step", "generation", "world size", "files", "MB", "created", "metrics"]
@@ -148,6 +154,7 @@ def status(name: str = typer.Argument(..., help="the run's name (RunConfig.name)
            address: str = typer.Option("auto", help="the Ray cluster's address, as for ray.init")) -> None:
     """Attach to the live run NAME on the Ray cluster: its state, and every worker's place, heartbeat,
     step time, memory and flags."""
+    console = _console()
     import ray
 
     from elastic_train.trainer import attach
@@ -162,8 +169,7 @@ def status(name: str = typer.Argument(..., help="the run's name (RunConfig.name)
         snapshot = ray.get(supervisor.status.remote(0), timeout=30)
     finally:
         ray.shutdown()
-    metrics = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in snapshot["metrics"].items())
+    metrics = format_metrics(snapshot["metrics"])
     console.print(f"[bold]{name}[/]: {snapshot['state'].lower()}, generation {snapshot['generation']}, "
                   f"world size {snapshot['world_size']}, report {snapshot['index']}  {metrics}")
     table = Table("rank", "worker", "node", "ip", "pid", "heartbeat age", "step time", "RSS MB", "CPU %", "flags")
@@ -182,6 +188,7 @@ def timeline(run_path: str = typer.Argument(..., help="a run's folder (Result.pa
              output: Path = typer.Option(..., "--output", "-o", help="the PNG to write"),
              storage_option: list[str] = Options) -> None:
     """Draw the run: steps per second and world size over time, with its faults and commits."""
+    console = _console()
     from elastic_train.timeline import draw
 
     result = _result(run_path, _options(storage_option))

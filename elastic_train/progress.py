@@ -10,6 +10,8 @@ every other event, and a line per report.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from typing import Any, Callable
 
@@ -19,9 +21,13 @@ from rich.text import Text
 
 from elastic_train.protocol import Feed
 
+logger = logging.getLogger(__name__)
+
 SHOWN = {  # event kind -> how verbose=1 shows it; other kinds at verbose=2
-    "generation": lambda e: (f"generation {e['generation']}: world size {e['world_size']}, resumed from "
-                             f"{e.get('resume_from') or 'scratch'} at report {e.get('resume_index')}"),
+    "generation": lambda e: (f"generation {e['generation']}: world size {e['world_size']}, "
+                             + ("adopted by the restarted supervisor" if e.get("adopted") else
+                                f"resumed from {e['resume_from']} at report {e['resume_index']}"
+                                if e.get("resume_from") else "from the start")),
     "worker_lost": lambda e: f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost: {e['reason']}",
     "resize_requested": lambda e: f"resizing after report {e['at_report']}: {e['reason']}",
     "preemption_notice": lambda e: f"preemption notice ({e.get('source')}) for worker {e.get('worker_id')}",
@@ -36,9 +42,15 @@ SHOWN = {  # event kind -> how verbose=1 shows it; other kinds at verbose=2
 }
 
 
-def _metrics(metrics: dict[str, Any]) -> str:
+def format_metrics(metrics: dict[str, Any]) -> str:
+    """Reported metrics on one line: scalars only, floats to 4 significant digits."""
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
                     if isinstance(v, (int, float, str)) and not k.startswith("_"))
+
+
+def event_details(event: dict[str, Any]) -> str:
+    """An event's fields but its kind and times, on one line."""
+    return " ".join(f"{k}={v}" for k, v in event.items() if k not in ("t", "time", "kind"))
 
 
 class Progress:
@@ -56,15 +68,27 @@ class Progress:
             self._live.start()
 
     def update(self, feed: Feed) -> None:
+        """Show what `feed` brings; a display that fails (a closed stdout, an event of an unknown
+        shape) is turned off with a warning: it must never stop the run."""
         if not self._verbose:
             return
+        try:
+            self._show(feed)
+        except Exception as exc:  # noqa: BLE001 - see above
+            logger.warning("the run's progress display is off: %r", exc)
+            live, self._live, self._verbose = self._live, None, 0
+            if live is not None:
+                with contextlib.suppress(Exception):
+                    live.stop()
+
+    def _show(self, feed: Feed) -> None:
         for report in feed.reports:
             self._index = report.index
             self._metrics = report.metrics[0] if report.metrics else {}
             if report.checkpoint is not None:
                 self._committed = report.checkpoint.index
             if self._verbose >= 2:
-                self._line(f"report {report.index}: {_metrics(self._metrics)}")
+                self._line(f"report {report.index}: {format_metrics(self._metrics)}")
         for event in feed.events:
             if event["kind"] == "generation":
                 self._world, self._generation = event["world_size"], event["generation"]
@@ -72,26 +96,25 @@ class Progress:
             if shown is not None:
                 self._line(shown(event))
             elif self._verbose >= 2:
-                self._line(f"{event['kind']}: " + " ".join(f"{k}={v}" for k, v in event.items()
-                                                            if k not in ("t", "time", "kind")))
+                self._line(f"{event['kind']}: {event_details(event)}")
         if self._live is not None:
             self._live.update(self._status(), refresh=True)
         elif self._clock() - self._last_plain >= self._interval_s:
             self._last_plain = self._clock()
-            self._console.print(self._status(), highlight=False)
+            self._console.print(self._status(), highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
         elif self._verbose:
-            self._console.print(self._status(), highlight=False)
+            self._console.print(self._status(), highlight=False, soft_wrap=True)
 
     def _line(self, text: str) -> None:
-        self._console.print(Text(f"[{self._name}] {text}"), highlight=False)
+        self._console.print(Text(f"[{self._name}] {text}"), highlight=False, soft_wrap=True)
 
     def _status(self) -> Text:
         elapsed = int(self._clock() - self._started)
         committed = f"checkpoint {self._committed}" if self._committed is not None else "no checkpoint yet"
-        return Text(f"[{self._name}] report {self._index} | {_metrics(self._metrics) or '-'} | world size "
+        return Text(f"[{self._name}] report {self._index} | {format_metrics(self._metrics) or '-'} | world size "
                     f"{self._world} | generation {self._generation} | {committed} | "
                     f"{elapsed // 60:02d}:{elapsed % 60:02d}")

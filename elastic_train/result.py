@@ -62,8 +62,13 @@ class Result:
 
     @property
     def world_sizes(self) -> list[int]:
-        """The world size of every generation, in order."""
-        return [e["world_size"] for e in self.events if e["kind"] == "generation"]
+        """The world size of every generation, in order (a generation that a restarted supervisor
+        adopted is logged again; it counts once)."""
+        sizes: dict[int, int] = {}
+        for event in self.events:
+            if event["kind"] == "generation":
+                sizes.setdefault(event["generation"], event["world_size"])
+        return list(sizes.values())
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
         """The kept checkpoint whose reported `metric` is the largest (`mode="max"`) or smallest

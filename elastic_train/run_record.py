@@ -132,26 +132,6 @@ def read_json(storage: RunStorage, name: str, default: Any) -> Any:
         raise ConfigError(f"{storage.url(name)} is not valid JSON ({exc}): the run record is damaged.") from exc
 
 
-def unshared_storage(storage: RunStorage, run_id: str, node_ip: str) -> str | None:
-    """Why this process cannot use the run's local storage_path, or None: the driver wrote the run's
-    record there before any worker started, so a worker on a machine that does not see this run's
-    record sees another disk. Its checkpoint parts would land there, out of the run's reach (a
-    checkpoint split across disks), so the run must not start. Object stores are shared by nature."""
-    if not storage.appends:
-        return None
-    try:
-        found = read_json(storage, RUN, {}).get("run_id")
-    except ConfigError:
-        found = None
-    if found == run_id:
-        return None
-    return (f"storage_path {storage.storage_path!r} is a local folder, and the worker on {node_ip} does not see this "
-            f"run's record ({storage.url(RUN)}) that the driver wrote there: that machine has a disk of its own at "
-            "that path, so checkpoints would be split across machines. Use storage every node shares: an object "
-            "store (storage_path='s3://bucket/prefix', ...) or a network file system mounted at the same path on "
-            "every node.")
-
-
 def load_trainer(storage: RunStorage) -> dict[str, Any]:
     """The trainer's arguments from `trainer.pkl`. This unpickles, that is runs, code from storage:
     only `TorchTrainer.restore` without a loop calls it."""
@@ -177,4 +157,4 @@ def load_trainer(storage: RunStorage) -> dict[str, Any]:
     return trainer
 
 
-__all__ = ["RunRecord", "read_json", "unshared_storage", "load_trainer", "to_json", "RUN", "METRICS", "TRAINER", "HISTORY_KEYS"]
+__all__ = ["RunRecord", "read_json", "load_trainer", "to_json", "RUN", "METRICS", "TRAINER", "HISTORY_KEYS"]

@@ -287,6 +287,7 @@ class TorchTrainer:
             )
         record = RunRecord(storage, run_id, self._config_record(), elastic.run_record_interval_s)
         record.start(self._stored_arguments())
+        storage.mark_run(run_id)
         callbacks = CallbackRunner(list(run.callbacks or ()), TrainRunContext(
             run_id=run_id, name=name, path=storage.url(), run_config=run,
             train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
@@ -320,6 +321,7 @@ class TorchTrainer:
         finally:
             progress.close()
             ray.kill(supervisor)
+            storage.unmark_run(run_id)
         error = _failure(summary)
         checkpoints = [(stored_checkpoint(storage, c), c.metrics) for c in summary.checkpoints]
         result = Result(
@@ -330,7 +332,7 @@ class TorchTrainer:
             metrics_history=summary.metrics_history,
             best_checkpoints=checkpoints,
             events=json.loads(to_json(summary.events)),  # as the event log (events.jsonl) holds them
-            return_value=cloudpickle.loads(summary.returned) if summary.returned is not None else None,
+            return_value=_returned(summary.returned),
         )
         try:
             callbacks("on_run_end", result)
@@ -405,6 +407,18 @@ def _tune_trial() -> tuple[str | None, str | None]:
         warnings.simplefilter("ignore")
         context = ray.tune.get_context()
         return context.get_trial_name(), context.get_trial_id()
+
+
+def _returned(pickled: bytes | None) -> Any:
+    """What rank 0's loop returned; None (with a warning) when it cannot be loaded here, e.g. its class
+    is not importable in the driver: the run itself finished."""
+    if pickled is None:
+        return None
+    try:
+        return cloudpickle.loads(pickled)
+    except Exception as exc:  # noqa: BLE001 - any error of the value's own unpickling
+        logger.warning("Result.return_value is None: what the loop returned could not be loaded here (%r)", exc)
+        return None
 
 
 def _is_run(storage: RunStorage) -> bool:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import ray
+from typer.testing import CliRunner
+
+from elastic_train.cli import app
 
 from tests.conftest import ROOT
 from tests.helpers import fit_in_background, make_trainer, wait_for
@@ -20,8 +23,18 @@ CLI = str(Path(sys.executable).parent / "elastic-train")
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`elastic-train ARGS` in a process of its own, as a user runs it."""
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "COLUMNS": "200"})
+
+
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """`elastic-train ARGS` run by typer's test runner in this process: the same commands, without a
+    new interpreter importing torch and Ray each time (for the commands that read storage only)."""
+    outcome = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    if outcome.exception is not None and not isinstance(outcome.exception, SystemExit):
+        raise outcome.exception
+    return subprocess.CompletedProcess(args, outcome.exit_code, outcome.stdout, "")
 
 
 def rows(stdout: str) -> list[list[str]]:
@@ -39,19 +52,19 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_commands_on_a_finished_run_that_lost_a_worker(local_ray, run_dirs, tmp_path):
     result = make_trainer(run_dirs, 2, steps=30, step_time=0.05, fault={"kind": "kill", "at_step": 5, "rank": 1}).fit()
 
-    listed = cli("runs", run_dirs["storage"])
+    listed = cli("runs", run_dirs["storage"])  # its own process, as a user runs it
     assert listed.returncode == 0, listed.stderr
     (row,) = rows(listed.stdout)
     assert row[:2] == ["run", "finished"] and row[3] == "30", listed.stdout
     assert row[4] == " ".join(map(str, result.world_sizes)) and len(result.world_sizes) >= 2, listed.stdout
     assert row[5] == str(len(result.best_checkpoints)), listed.stdout
 
-    events = cli("events", result.path)
+    events = in_process("events", result.path)
     assert events.returncode == 0, events.stderr
     kinds = [line.split()[1] for line in events.stdout.splitlines()]
     assert kinds == [e["kind"] for e in result.events] and "worker_lost" in kinds
 
-    checkpoints = cli("checkpoints", result.path, "--verify")
+    checkpoints = in_process("checkpoints", result.path, "--verify")
     assert checkpoints.returncode == 0, checkpoints.stderr
     table = rows(checkpoints.stdout)
     assert [r[1] for r in table] == [str(c.manifest.step) for c, _ in result.best_checkpoints]
@@ -60,17 +73,17 @@ def test_commands_on_a_finished_run_that_lost_a_worker(local_ray, run_dirs, tmp_
     newest = Path(result.best_checkpoints[-1][0].path)
     part = next(p for p in newest.iterdir() if p.name != "elastic_train_manifest.json")
     part.write_bytes(b"damaged")
-    damaged = cli("checkpoints", result.path, "--verify")
+    damaged = in_process("checkpoints", result.path, "--verify")
     assert damaged.returncode == 2 and part.name in damaged.stdout
 
     picture = tmp_path / "timeline.png"
-    drawn = cli("timeline", result.path, "-o", str(picture))
+    drawn = in_process("timeline", result.path, "-o", str(picture))
     assert drawn.returncode == 0, drawn.stderr
     assert png_size(picture) == (1200, 600)
 
-    missing = cli("events", str(tmp_path / "nowhere" / "run"))
-    assert missing.returncode == 0 and missing.stdout == ""
-    no_runs = cli("runs", str(tmp_path / "empty"))
+    missing = in_process("events", str(tmp_path / "nowhere" / "run"))
+    assert missing.returncode == 1 and "no event log at" in missing.stdout
+    no_runs = in_process("runs", str(tmp_path / "empty"))
     assert no_runs.returncode == 1 and "no runs under" in no_runs.stdout
 
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import fsspec
 import torch
 
-from elastic_train.checkpoint.manifest import MANIFEST, Manifest
+from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest
 from elastic_train.errors import CheckpointError
 
 DICT_FILE = "dict_checkpoint.pt"
@@ -85,16 +85,12 @@ class Checkpoint:
         """The metadata stored with the checkpoint (`.metadata.json`, as in Ray Train); {} if none."""
         if self._dict is not None:
             return dict(self._metadata or {})
-        if self.manifest is not None:
-            if METADATA_FILE not in self.manifest.files:
-                return {}
-            raw = self.files()[METADATA_FILE]
-        else:
-            try:
-                raw = self.filesystem.cat_file(f"{self.path.rstrip('/')}/{METADATA_FILE}")
-            except FileNotFoundError:
-                return {}
-        return json.loads(raw)
+        if self.manifest is not None and METADATA_FILE not in self.manifest.files:
+            return {}
+        raw = self._read(METADATA_FILE)
+        if self.manifest is not None and (problem := self.manifest.problem(METADATA_FILE, raw)) is not None:
+            raise CorruptCheckpointError(f"checkpoint {self.path} is corrupt: {problem}")
+        return {} if raw is None else json.loads(raw)
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Store `metadata` (JSON-serializable) with the checkpoint, replacing any; do it before the
@@ -122,18 +118,20 @@ class Checkpoint:
             if self._metadata is not None:
                 files[METADATA_FILE] = json.dumps(self._metadata).encode()
             return files
-        fs = self.filesystem
-        root = fs._strip_protocol(self.path).rstrip("/")
         if self.manifest is None:
-            return {full[len(root) + 1 :]: fs.cat_file(full) for full in fs.find(root)}
+            root = self._root()
+            return {full[len(root) + 1 :]: self.filesystem.cat_file(full) for full in self.filesystem.find(root)}
+        return self.manifest.verified_files(self._read, self.path)
 
-        def read(name: str) -> bytes | None:
-            try:
-                return fs.cat_file(f"{root}/{name}")
-            except FileNotFoundError:
-                return None
+    def _root(self) -> str:
+        return self.filesystem._strip_protocol(self.path).rstrip("/")
 
-        return self.manifest.verified_files(read, self.path)
+    def _read(self, name: str) -> bytes | None:
+        """File `name` of a directory checkpoint, unchecked; None when it is missing."""
+        try:
+            return self.filesystem.cat_file(f"{self._root()}/{name}")
+        except FileNotFoundError:
+            return None
 
     def to_dict(self) -> dict[str, Any]:
         """The dict this checkpoint was made from."""

@@ -132,6 +132,10 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) 
         raise ConfigError(f"storage_path {url!r} needs a filesystem that is not installed: {exc}") from exc
 
 
+def _run_mark(run_id: str) -> str:
+    return f".fit-{run_id}"
+
+
 class RunStorage:
     """The folder of one run. Picklable: workers and the supervisor each build their own (what is
     being committed or removed is known to the process that does it, and is not pickled)."""
@@ -273,6 +277,29 @@ class RunStorage:
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write a file of the run's folder (not a checkpoint) whole."""
         self._put(posixpath.join(self.root, name), data, f"writing {self.url(name)}")
+
+    # -- a local storage_path must be one folder on every machine --------------------------------
+    def mark_run(self, run_id: str) -> None:
+        """On local storage, leave a file named after this `fit()` in the run's folder: a worker whose
+        machine has a disk of its own at that path does not find it (`sees_run`). Object stores are
+        shared by nature."""
+        if is_local(self.fs):
+            self.write_bytes(_run_mark(run_id), b"")
+
+    def sees_run(self, run_id: str) -> bool:
+        """Whether this process sees the mark of `fit()` `run_id` (always, on object stores; and when
+        the mark cannot be read: only a folder known to lack it tells an unshared disk)."""
+        if not is_local(self.fs):
+            return True
+        try:
+            return self.read(_run_mark(run_id)) is not None
+        except StorageError:
+            return True
+
+    def unmark_run(self, run_id: str) -> None:
+        if is_local(self.fs):
+            with contextlib.suppress(OSError):
+                os.remove(posixpath.join(self.root, _run_mark(run_id)))
 
     @property
     def appends(self) -> bool:

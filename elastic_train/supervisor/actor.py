@@ -123,7 +123,7 @@ class Supervisor:
         self._preemption: PreemptionInfo | None = None
         self._notices = notices.Notices(failure.max_preemption_failures)
         self._agreements = Agreements()  # get_preemption_info() and collective calls waiting for their peers
-        self._step_times: dict[tuple[int, int], dict[int, float]] = {}  # (generation, index) -> worker -> step time
+        self._paces: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}  # (generation, index) -> worker -> (step time, RSS)
         self._pace = PaceWatch(self._elastic.straggler_factor, self._elastic.straggler_reports,
                                self._elastic.straggler_min_excess_s, self._elastic.memory_growth_reports,
                                self._elastic.memory_growth_min_mb * 2**20)
@@ -151,7 +151,7 @@ class Supervisor:
         self._adopted.set()
         if self._elastic.watch_ray_drains:
             self._track(self._watch_ray_drains())
-        self._track(self._write_events())
+        writer = asyncio.ensure_future(self._write_events())  # not tracked: shut-down does not wait for its sleep
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -161,6 +161,7 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
+        writer.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._log.flush)
         if self._worker_failures and self._state is RunState.ERRORED:
             self._worker_failures = self._raised() or self._worker_failures  # with the ranks that parked since
@@ -591,7 +592,7 @@ class Supervisor:
         dir_name: str | None = None,
         registered: bool = False,
         sync: bool = False,
-        step_s: float | None = None,
+        pace: tuple[float, float] | None = None,
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
         `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
@@ -604,8 +605,8 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         w.last_report = (index, time.monotonic())
-        if step_s is not None:
-            self._step_times.setdefault((generation, index), {})[worker_id] = step_s
+        if pace is not None:  # (step time, RSS)
+            self._paces.setdefault((generation, index), {})[worker_id] = pace
         entry.dir_name = entry.dir_name or dir_name
         if registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
             entry.registered = entry.persist = True
@@ -624,7 +625,7 @@ class Supervisor:
                                       "_world_size": world_size, "_time": made_at})
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = self._resize_at is not None and index >= self._resize_at
-            self._watch_pace(index, self._step_times.pop((generation, index), {}))
+            self._watch_pace(index, self._paces.pop((generation, index), {}))
             self._feed.made(ReportRecord(index, generation, world_size,
                                          [entry.metrics_by_rank.get(r, {}) for r in range(world_size)], time=made_at),
                             awaits_commit=bool(entry.persist))
@@ -640,10 +641,12 @@ class Supervisor:
                            replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
                            list_stored=registered and w.rank == min(entry.registered_by))
 
-    def _watch_pace(self, index: int, step_times: dict[int, float]) -> None:
-        """Report `index`, which every member made: flag stragglers and growing memory (pace.py)."""
+    def _watch_pace(self, index: int, paces: dict[int, tuple[float, float]]) -> None:
+        """Report `index`, which every member made, with each one's step time and RSS: flag stragglers
+        and growing memory (pace.py)."""
         members = {w.worker_id: w for w in self._members()}
-        rss = {i: w.facts["rss_bytes"] for i, w in members.items() if "rss_bytes" in w.facts}
+        step_times = {worker: step_s for worker, (step_s, _) in paces.items()}
+        rss = {worker: rss for worker, (_, rss) in paces.items()}
         new, cleared, growing = self._pace.observe(step_times, rss)
         for worker_id in sorted(new):
             w = members.get(worker_id)
@@ -674,15 +677,16 @@ class Supervisor:
             barrier.set()
         self._barriers.clear()
         self._agreements.release()
-        self._step_times.clear()  # of reports that will never be made
+        self._paces.clear()  # of reports that will never be made
 
     async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
         """For the driver's callbacks: the reports (settled, in order) and events after the cursors;
-        waits up to `timeout_s` for one. Cursors of another `incarnation` (a supervisor that Ray
-        restarted since) count from this one's start."""
+        waits up to `timeout_s` for one. After Ray restarted the supervisor (the cursors are of another
+        `incarnation`), reports count from this one's start, and events go on from the driver's cursor
+        within the predecessor's stored events this one's log starts with."""
         await self._adopted.wait()
-        if incarnation != self._incarnation:  # the driver has seen what this one's log inherited
-            report_cursor, event_cursor = 0, self._log.inherited
+        if incarnation != self._incarnation:  # this one's log starts with its predecessor's stored events
+            report_cursor, event_cursor = 0, min(event_cursor, self._log.inherited)
         await self._until(lambda: self._closed or bool(self._feed.since(report_cursor))
                           or len(self._events) > event_cursor, timeout_s)
         reports, events = self._feed.since(report_cursor), self._events[event_cursor:]

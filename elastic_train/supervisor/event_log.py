@@ -7,8 +7,8 @@ local storage the new lines are appended; object stores cannot append, so there 
 written whole each time (a run that commits a checkpoint every step adds a line a step: raise the
 interval for very long runs on object stores). A supervisor that Ray restarted starts from the
 lines its predecessor stored (it appends, it does not overwrite); a new `fit()` of a run with the
-same name starts a new log. A write that fails is logged and tried again at the next flush: the log
-never fails a run that storage lets train.
+same name starts a new log. A write that fails is logged and tried again at the next flush (the
+last flush, at the run's end, is not tried again): the log never fails a run that storage lets train.
 """
 
 from __future__ import annotations
@@ -29,14 +29,20 @@ EVENT_LOG = "events.jsonl"
 
 def read_events(storage: RunStorage) -> list[dict[str, Any]]:
     """The events stored in a run's folder ([] when there are none)."""
+    return _read(storage)[0]
+
+
+def _read(storage: RunStorage) -> tuple[list[dict[str, Any]], bool]:
+    """The stored events, and whether the file ends whole (a write cut short by a crash leaves a
+    last line without its newline: it is left out)."""
     raw = storage.read(EVENT_LOG)
     if raw is None:
-        return []
+        return [], True
     lines = raw.decode(errors="replace").split("\n")
-    if lines[-1]:  # no newline after it: a write cut short by a crash; the rest is whole
+    if lines[-1]:
         logger.warning("%s ends in a line cut short; it is left out", storage.url(EVENT_LOG))
     try:
-        return [json.loads(line) for line in lines[:-1] if line]
+        return [json.loads(line) for line in lines[:-1] if line], not lines[-1]
     except ValueError as exc:
         raise ConfigError(f"{storage.url(EVENT_LOG)} is not JSON lines ({exc}): the event log is damaged.") from exc
 
@@ -51,8 +57,8 @@ class EventLog:
         self._stored = -1  # how many entries storage holds (-1: the stored file is not this log's yet)
         if go_on:
             try:
-                self.entries = read_events(storage)
-                self._stored = len(self.entries)
+                self.entries, whole = _read(storage)
+                self._stored = len(self.entries) if whole else -1  # a torn tail: written whole again, not after
             except (ConfigError, StorageError) as exc:
                 logger.warning("the stored event log could not be read; it is written anew: %s", exc)
         self.inherited = len(self.entries)  # the predecessor's entries

@@ -23,7 +23,6 @@ from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, St
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
-from elastic_train.run_record import unshared_storage
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
@@ -149,8 +148,14 @@ class TrainWorker:
 
     # -- the member loop ------------------------------------------------------------------------
     def run(self) -> str:
-        unshared = unshared_storage(self._spec.storage, self._spec.run.run_id, self._ip)
-        if unshared is not None:  # checked before training: no part of a checkpoint may land out of reach
+        storage = self._spec.storage
+        if not storage.sees_run(self._spec.run.run_id):  # before training: no checkpoint part may land out of reach
+            unshared = (
+                f"storage_path {storage.storage_path!r} is a local folder, and the worker on {self._ip} does not see "
+                f"this run's files in {storage.url()}: that machine has a disk of its own at that path, so "
+                "checkpoints would be split across machines. Use storage every node shares: an object store "
+                "(storage_path='s3://bucket/prefix', ...) or a network file system mounted at the same path on "
+                "every node.")
             logger.error("worker %d: %s", self.worker_id, unshared)
             ray.get(self._supervisor.storage_failed.remote(self.worker_id, unshared))
             self._stopped.set()
@@ -213,8 +218,8 @@ class TrainWorker:
                 returned = self._spec.train_fn()
             else:
                 returned = self._spec.train_fn(self._spec.train_config)
-            outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
             self._flush_last_checkpoint(session)
+            outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
         except GenerationEnded:
             outcome = Outcome(Exit.UNWOUND, generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
+import psutil
 import ray
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local
@@ -29,6 +30,7 @@ from elastic_train.worker.persister import PartUpload
 
 logger = logging.getLogger(__name__)
 
+_PROCESS = psutil.Process()  # this worker's: its RSS goes with each report (supervisor/pace.py)
 UPLOAD_WAIT_NOTED_S = 0.01  # a report that waited longer than this for room in the upload queue is an event
 
 
@@ -177,7 +179,7 @@ class TrainSession:
         reply = self._supervisor.report.remote(
             self.worker_id, assignment.generation, self.index, dict(metrics),
             sorted(files) if files is not None else None, loader_states, dir_name, registered,
-            mode is CheckpointUploadMode.SYNC, step_s)
+            mode is CheckpointUploadMode.SYNC, (step_s, float(_PROCESS.memory_info().rss)))
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
