@@ -174,3 +174,17 @@ def test_progress_on_a_terminal_redraws_its_status_line():
 def test_verbose_is_checked():
     with pytest.raises(et.ConfigError, match=r"RunConfig.verbose=5: use 0 \(quiet\), 1"):
         et.RunConfig(verbose=5)
+
+
+class _ClosedStream(io.StringIO):
+    def write(self, text):
+        raise ValueError("I/O operation on closed file")
+
+
+@pytest.mark.timeout(10)
+def test_a_failing_progress_display_turns_itself_off_instead_of_stopping_the_run(caplog):
+    progress = Progress("demo", 1, 0.0, Console(file=_ClosedStream(), force_terminal=False))
+    progress.update(_feed(events=[GENERATION]))  # would raise into fit()'s loop without the guard
+    assert "progress display is off" in caplog.text
+    progress.update(_feed(events=[LOST]))
+    progress.close()

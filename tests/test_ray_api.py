@@ -954,3 +954,17 @@ def test_reporting_the_runs_own_folder_as_a_checkpoint_fails_clearly(local_ray, 
     with pytest.raises(train.WorkerGroupError, match=r"holds the run's own folder .*TemporaryDirectory"):
         _run(run_dirs, reports_its_run_folder, num_workers=1)
     assert Path(run_dirs["storage"], "run", "run.json").exists()  # what the run had saved is kept
+
+
+@pytest.mark.timeout(10)
+def test_a_return_value_that_cannot_travel_fails_clearly_and_one_that_cannot_load_is_none(caplog):
+    import threading as _threading
+
+    from elastic_train.protocol import Outcome
+    from elastic_train.trainer import _returned
+
+    with pytest.raises(TypeError, match=r"returned a lock, which cannot be pickled: return a picklable value"):
+        Outcome.finished(0, _threading.Lock())
+    assert Outcome.finished(0, None).returned is None
+    assert _returned(Outcome.finished(0, {"acc": 0.9}).returned) == {"acc": 0.9}
+    assert _returned(b"not a pickle") is None and "could not be loaded here" in caplog.text
