@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 import uuid
 import warnings
@@ -42,7 +41,7 @@ from elastic_train.supervisor.event_log import EventLog
 from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.supervisor.pace import PaceWatch
+from elastic_train.supervisor.pace import PaceWatch, peer_medians
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
@@ -650,10 +649,10 @@ class Supervisor:
         new, cleared, growing = self._pace.observe(step_times, rss)
         for worker_id in sorted(new):
             w = members.get(worker_id)
-            peers = statistics.median(s for other, s in step_times.items() if other != worker_id)
             self._event("straggler", index=index, worker_id=worker_id, rank=w.rank if w else None,
                         node_id=w.node_id if w else None, step_s=round(step_times[worker_id], 4),
-                        median_step_s=round(peers, 4), reports=self._elastic.straggler_reports)
+                        median_step_s=round(peer_medians(step_times)[worker_id], 4),
+                        reports=self._elastic.straggler_reports)
         for worker_id in sorted(cleared):
             self._event("straggler_cleared", index=index, worker_id=worker_id, step_s=round(step_times[worker_id], 4))
         for worker_id in sorted(growing):

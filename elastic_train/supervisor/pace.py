@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 
+def peer_medians(step_times: Mapping[int, float]) -> dict[int, float]:
+    """Each key's peers' median step time (a key alone has no peers)."""
+    return {key: statistics.median(s for k, s in step_times.items() if k != key)
+            for key in step_times if len(step_times) > 1}
+
+
 def slow_ranks(step_times: Mapping[int, float], factor: float, min_excess_s: float) -> set[int]:
     """The keys whose step time exceeds `factor` times the median of the others', and that median by
     at least `min_excess_s` (alone, a key has no peers to be slower than)."""
-    slow = set()
-    for key, seconds in step_times.items():
-        others = [s for k, s in step_times.items() if k != key]
-        if others:
-            median = statistics.median(others)
-            if seconds > factor * median and seconds - median >= min_excess_s:
-                slow.add(key)
-    return slow
+    return {key for key, median in peer_medians(step_times).items()
+            if step_times[key] > factor * median and step_times[key] - median >= min_excess_s}
 
 
 def climbing(samples: Sequence[float], reports: int, min_growth: float) -> bool:
