@@ -284,6 +284,9 @@ class ElasticConfig:
     event_log_interval_s: float = 1.0
     """How often the supervisor writes the events recorded since to the run's `events.jsonl`
     (`supervisor/event_log.py`): the delay before an event can be read from storage."""
+    metrics_interval_s: float = 5.0
+    """How often the supervisor samples the metrics that change between events (heartbeat ages,
+    goodput, the step rate) for Prometheus (`supervisor/metrics.py`); Ray's agent exports every 10 s."""
     progress_interval_s: float = 10.0
     """When stdout is not a terminal, how often `fit()` prints a status line (RunConfig.verbose)."""
     run_record_interval_s: float = 5.0

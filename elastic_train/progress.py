@@ -28,7 +28,9 @@ SHOWN = {  # event kind -> how verbose=1 shows it; other kinds at verbose=2
                              + ("adopted by the restarted supervisor" if e.get("adopted") else
                                 f"resumed from {e['resume_from']} at report {e['resume_index']}"
                                 if e.get("resume_from") else "from the start")),
-    "worker_lost": lambda e: f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost: {e['reason']}",
+    "worker_lost": lambda e: (f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost, "
+                              f"{e.get('cause', '?')}: {e['reason']}"),
+    "worker_left": lambda e: f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) left: {e['cause']}",
     "resize_requested": lambda e: f"resizing after report {e['at_report']}: {e['reason']}",
     "preemption_notice": lambda e: f"preemption notice ({e.get('source')}) for worker {e.get('worker_id')}",
     "straggler": lambda e: (f"rank {e['rank']} is a straggler: {e['step_s']:.3f} s a step against its peers' median "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ray import cloudpickle
 
@@ -103,6 +103,14 @@ class Stop:
 class HeartbeatReply:
     active_generation: int | None  # None while the supervisor is re-forming the group
     fenced: bool = False  # this worker was dropped from its generation
+
+
+class Pace(NamedTuple):
+    """How a worker's loop went, sent with each report (supervisor/pace.py, supervisor/metrics.py)."""
+
+    step_s: float  # the loop's time since its last report, outside report() and other barriers
+    rss: float  # the process's resident memory, bytes
+    stall_s: float  # how long its previous report() held the loop (0.0 at a generation's first)
 
 
 @dataclass

@@ -40,7 +40,7 @@ def test_sigstopped_worker_is_dropped_ended_and_replaced(local_ray, run_dirs):
 
     # Dropped within the heartbeat timeout (plus one control tick and the restart itself).
     lost = [e for e in result.events if e["kind"] == "worker_lost" and e["pid"] == fault["pid"]]
-    assert lost and "heartbeat" in lost[0]["reason"]
+    assert lost and lost[0]["cause"] == "silent" and "heartbeat" in lost[0]["reason"]
     assert first_alone["time"] - fault["time"] < elastic.heartbeat_timeout_s + 1.5
     # Nothing of the frozen process landed in a later generation; a new process took its place.
     progress = read_progress(run_dirs["log_dir"])
@@ -65,6 +65,7 @@ def test_hung_worker_in_a_loop_without_collective_is_replaced_in_a_fixed_size_ru
     fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
     lost = [e for e in result.events if e["kind"] == "worker_lost"]
     assert [e["pid"] for e in lost] == [fault["pid"]] and "progress_timeout_s" in lost[0]["reason"]
+    assert lost[0]["cause"] == "hung"
     assert not _running(fault["pid"])
     assert result.world_sizes == [2, 2]
     # The survivor resumed from its memory: the step before the hang.

@@ -1,15 +1,20 @@
-"""Seeing a run: its event log (`events.jsonl`) is written as the run goes, read while it is still
-going and after its driver died, and kept across a supervisor that Ray restarted."""
+"""Seeing a run: its metrics in Ray's Prometheus endpoint; its event log (`events.jsonl`) written as
+the run goes, read while it is still going and after its driver died, and kept across a supervisor
+that Ray restarted; what fit() shows."""
 
 from __future__ import annotations
 
 import io
 import json
+import socket
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import ray
-
+from prometheus_client.parser import text_string_to_metric_families
+from ray.cluster_utils import Cluster
 from rich.console import Console
 
 import elastic_train as et
@@ -19,6 +24,7 @@ from elastic_train.progress import Progress
 from elastic_train.protocol import Feed, ReportRecord
 from elastic_train.supervisor.event_log import EVENT_LOG, EventLog, read_events
 from elastic_train.trainer import attach
+from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
 
@@ -33,6 +39,84 @@ def run_storage(request, tmp_path):
         storage = RunStorage(bucket["url"], "run", bucket["options"])
     storage.check_writable()
     return storage
+
+
+# == metrics, through Ray's metrics agent (supervisor/metrics.py) ===================================
+@pytest.fixture
+def metrics_cluster():
+    """A head (0 CPUs) exporting Prometheus metrics on a known port, every 0.2 s, and 2 nodes of 1 CPU:
+    yields (cluster, nodes, port). The supervisor lives on the head, so its metrics are served there."""
+    stop_ray()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "metrics_export_port": port, "_system_config": {"metrics_report_interval_ms": 200}})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    yield cluster, nodes, port
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def scrape(port: int, run: str = "run") -> dict[tuple[str, frozenset], float]:
+    """Our series for `run` on a node's Prometheus endpoint, as prometheus_client parses them:
+    (name without Ray's and our prefixes, {rank, cause, state, le}) -> value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    prefix = "ray_elastic_train_"
+    return {(s.name[len(prefix):], frozenset((k, v) for k, v in s.labels.items() if k in ("rank", "cause", "state"))):
+            s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith(prefix) and s.labels.get("run") == run and "le" not in s.labels}
+
+
+def metric(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+@pytest.mark.timeout(240)
+def test_metrics_in_rays_prometheus_endpoint_follow_the_run(metrics_cluster, run_dirs):
+    """Scraped while the run goes: a slow rank flagged; the world size dropping when a node is lost
+    and coming back when one joins; the loss counted by its cause; recovery timed; step times,
+    stalls, memory, heartbeats, uploads and commits per rank."""
+    cluster, nodes, port = metrics_cluster
+    elastic = et.ElasticConfig(metrics_interval_s=0.2, event_log_interval_s=0.2)
+    join = fit_in_background(make_trainer(run_dirs, (1, 2), steps=80, step_time=0.05, slow_rank=1, slow_s=0.2,
+                                          elastic=elastic))
+    storage = RunStorage(run_dirs["storage"], "run")
+    wait_for(lambda: metric(scrape(port), "straggler", rank="1") == 1, 90, "rank 1 flagged a straggler")
+    flagged = [e for e in read_events(storage) if e["kind"] == "straggler"]
+    assert [e["rank"] for e in flagged] == [1] and flagged[0]["index"] <= 10, flagged
+    samples = scrape(port)
+    assert metric(samples, "world_size") == 2 and metric(samples, "straggler", rank="0") == 0
+    assert metric(samples, "state", state="RUNNING") == 1 and metric(samples, "state", state="RESTARTING") == 0
+
+    rank1 = next(p for p in reversed(read_progress(run_dirs["log_dir"])) if p["rank"] == 1)
+    cluster.remove_node(next(n for n in nodes if n.node_id == rank1["node"]))
+    wait_for(lambda: metric(scrape(port), "world_size") == 1, 60, "the world size to drop to 1")
+    cluster.add_node(num_cpus=1)
+    wait_for(lambda: metric(scrape(port), "world_size") == 2, 90, "the world size to come back to 2")
+    samples = wait_for(lambda: (lambda s: metric(s, "recovery_seconds_count") and metric(s, "steps_per_second")
+                                and s)(scrape(port)), 30, "the recovery timed and steps made at 2 again")
+    assert "run_ended" not in [e["kind"] for e in read_events(storage)], "scraped after the run"
+    assert metric(samples, "generation") >= 2
+    assert metric(samples, "workers_lost_total", cause="died") == 1
+    assert metric(samples, "recovery_seconds_sum") > 0
+    for rank in ("0", "1"):
+        assert metric(samples, "step_seconds_count", rank=rank) > 0
+        assert metric(samples, "report_stall_seconds_count", rank=rank) > 0
+        assert metric(samples, "worker_rss_bytes", rank=rank) > 50 * 2**20  # a Python process with torch
+        assert 0 <= metric(samples, "heartbeat_age_seconds", rank=rank) < elastic.heartbeat_timeout_s
+        assert metric(samples, "checkpoint_upload_bytes_total", rank=rank) > 0
+        assert metric(samples, "checkpoint_upload_seconds_count", rank=rank) > 0
+    assert metric(samples, "checkpoint_commit_seconds_count") > 0
+    assert metric(samples, "checkpoint_committed_bytes_total") > 0
+    assert 0 < metric(samples, "goodput") <= 1
+    result = join(150)
+    assert result.error is None and result.metrics["step"] == 80
+    lost = [e for e in result.events if e["kind"] == "worker_lost"]
+    assert [e["cause"] for e in lost] == ["died"], lost
 
 
 @pytest.mark.timeout(30)
@@ -90,7 +174,7 @@ def test_a_lost_worker_is_in_the_event_log_while_the_run_goes_on(local_ray, run_
     lost = wait_for(lambda: [e for e in read_events(storage) if e["kind"] == "worker_lost"], 60,
                     "the lost worker in events.jsonl")
     killed = json.loads(Path(run_dirs["log_dir"], "fault.json").read_text())
-    assert lost[0]["pid"] == killed["pid"] and lost[0]["reason"]
+    assert lost[0]["pid"] == killed["pid"] and lost[0]["cause"] == "died" and lost[0]["reason"]
     kinds = [e["kind"] for e in read_events(storage)]
     assert "run_ended" not in kinds and max(p["step"] for p in read_progress(run_dirs["log_dir"])) < 40
     result = join(150)
@@ -131,7 +215,7 @@ def _feed(reports=(), events=()) -> Feed:
 
 
 GENERATION = {"kind": "generation", "generation": 1, "world_size": 2, "resume_from": "memory", "resume_index": 4}
-LOST = {"kind": "worker_lost", "worker_id": 3, "rank": 1, "pid": 99, "reason": "actor died"}
+LOST = {"kind": "worker_lost", "worker_id": 3, "rank": 1, "pid": 99, "cause": "died", "reason": "actor died"}
 COMMITTED = {"kind": "checkpoint_committed", "index": 5}
 
 
@@ -155,7 +239,7 @@ def test_progress_without_a_terminal_prints_events_and_a_status_line_every_inter
     assert lines == [
         "[demo] generation 1: world size 2, resumed from memory at report 4",
         "[demo] report 5 | loss=0.25 | world size 2 | generation 1 | checkpoint 5 | 00:12",  # 10 s passed
-        "[demo] worker 3 (rank 1, pid 99) lost: actor died",
+        "[demo] worker 3 (rank 1, pid 99) lost, died: actor died",
         "[demo] report 5 | loss=0.25 | world size 2 | generation 1 | checkpoint 5 | 00:18",  # at the end
     ]
     assert _shown(0, False, feeds, [0.0]) == ""
@@ -166,7 +250,7 @@ def test_progress_without_a_terminal_prints_events_and_a_status_line_every_inter
 @pytest.mark.timeout(10)
 def test_progress_on_a_terminal_redraws_its_status_line():
     shown = _shown(1, True, [_feed(events=[GENERATION]), _feed(events=[LOST])], [0.0])
-    assert "generation 1: world size 2" in shown and "lost: actor died" in shown
+    assert "generation 1: world size 2" in shown and "lost, died: actor died" in shown
     assert "\x1b[" in shown and shown.count("world size 2 | generation 1") >= 2  # redrawn in place
 
 

@@ -7,6 +7,7 @@ import pytest
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import Exit
 from elastic_train.supervisor import policy
+from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
 from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
@@ -191,3 +192,26 @@ def test_memory_is_growing_when_it_rose_at_every_report_by_enough():
     watch = PaceWatch(factor=2.0, reports=3, min_excess_s=0.05, memory_reports=2, memory_min_growth_bytes=100)
     flagged = [watch.observe({7: 0.1}, {7: rss})[2] for rss in (100, 200, 300, 400, 350, 500, 700)]
     assert flagged == [set(), set(), {7}, set(), set(), set(), {7}]
+
+
+# == where the run's time went (supervisor/goodput.py) ==============================================
+@pytest.mark.timeout(10)
+def test_goodput_counts_the_steps_kept_and_recovery_runs_from_the_fault_to_the_next_report():
+    account = GoodputAccount(rate_window=3)
+    assert account.opened(0, 0, now=10.0) == 0 and account.goodput(10.0) == 0.0
+    for index in range(1, 5):
+        assert account.made(index, [0.5, 0.7, 0.5], now=10.0 + index) is None  # the median counts: 0.5
+    assert account.steps_per_s() == pytest.approx(1.0)  # over the last 3 reports
+    assert account.goodput(14.0) == pytest.approx(4 * 0.5 / 4)
+    account.lost(0, -1, now=14.2)  # a standby: no step lost, no recovery
+    account.lost(-7, 1, now=14.3)  # a member of an older generation: not this one's fault
+    assert account.fault_at is None
+    account.lost(0, 1, now=14.5)
+    account.fault(14.6)  # the failure that follows belongs to the same fault
+    assert account.opened(1, 2, now=15.0) == 2  # resumed after report 2: reports 3 and 4 are made again
+    assert account.steps_redone == 2 and sorted(account.kept) == [1, 2] and account.steps_per_s() == 0.0
+    assert account.made(3, [0.5], now=16.0) == pytest.approx(1.5)  # the fault -> the next report made
+    assert account.made(4, [0.5], now=16.5) is None
+    assert account.goodput(18.0) == pytest.approx(4 * 0.5 / 8)
+    assert account.opened(2, 0, now=19.0) == 4  # resumed from the start: nothing made counts any more
+    assert account.kept == {} and account.steps_redone == 6

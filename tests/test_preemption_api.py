@@ -96,6 +96,8 @@ def _assert_seen_alike_and_nothing_redone(result, run_dirs) -> None:
     assert result.metrics["loss"] == pytest.approx(expected[STEPS][1], rel=1e-4)
     assert result.world_sizes == [2, 2]
     assert not [e for e in result.events if e["kind"] in ("worker_lost", "failure")]
+    left = [e for e in result.events if e["kind"] == "worker_left"]
+    assert [(e["rank"], e["cause"]) for e in left] == [(0, "preempted")], left
     resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] == first[0] + 1][0]
     assert resumed["resume_index"] == first[1], resumed
 

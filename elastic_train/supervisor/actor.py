@@ -25,6 +25,7 @@ from elastic_train.protocol import (
     Feed,
     HeartbeatReply,
     Outcome,
+    Pace,
     PreemptionInfo,
     ReportRecord,
     ReportReply,
@@ -42,7 +43,8 @@ from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.pace import PaceWatch, peer_medians
-from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus, assign_ranks
+from elastic_train.supervisor.metrics import RunMetrics
+from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus, assign_ranks
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.supervisor.workers import WorkerPool, release
@@ -110,6 +112,7 @@ class Supervisor:
         self._ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
         self._cadence = PersistCadence(checkpointing, time.monotonic())
         self._wake = asyncio.Event()
+        self._exported = RunMetrics(spec.run.name)  # for Prometheus, through Ray's metrics agent
         self._pool = WorkerPool(spec, scaling, self._worker_prefix, event=self._event, changed=self._wake.set,
                                 track=self._track, over=lambda: self._state.terminal)
         self._commits = Commits(self._storage, checkpointing, self._ledger, settled=self._settled, event=self._event,
@@ -122,7 +125,7 @@ class Supervisor:
         self._preemption: PreemptionInfo | None = None
         self._notices = notices.Notices(failure.max_preemption_failures)
         self._agreements = Agreements()  # get_preemption_info() and collective calls waiting for their peers
-        self._paces: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}  # (generation, index) -> worker -> (step time, RSS)
+        self._paces: dict[tuple[int, int], dict[int, Pace]] = {}  # (generation, index) -> worker -> its pace
         self._pace = PaceWatch(self._elastic.straggler_factor, self._elastic.straggler_reports,
                                self._elastic.straggler_min_excess_s, self._elastic.memory_growth_reports,
                                self._elastic.memory_growth_min_mb * 2**20)
@@ -150,7 +153,9 @@ class Supervisor:
         self._adopted.set()
         if self._elastic.watch_ray_drains:
             self._track(self._watch_ray_drains())
-        writer = asyncio.ensure_future(self._write_events())  # not tracked: shut-down does not wait for its sleep
+        # Not tracked: shut-down does not wait for their sleeps.
+        periodic = [asyncio.ensure_future(self._every(self._elastic.event_log_interval_s, self._write_events)),
+                    asyncio.ensure_future(self._every(self._elastic.metrics_interval_s, self._sample_metrics))]
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -160,7 +165,8 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
-        writer.cancel()
+        for task in periodic:
+            task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._log.flush)
         if self._worker_failures and self._state is RunState.ERRORED:
             self._worker_failures = self._raised() or self._worker_failures  # with the ranks that parked since
@@ -238,7 +244,7 @@ class Supervisor:
             drain_timeout_s=self._elastic.drain_timeout_s, scaling=self._scaling,
             error_counted=self._generation in self._counted)
         for worker_id in decision.dropped:
-            self._pool.lose(self._pool.records[worker_id], decision.reason)
+            self._pool.lose(self._pool.records[worker_id], LostCause.FENCED, decision.reason)
         self._carry_out(decision, self._ready())
 
     def _step_stopping(self, now: float) -> None:
@@ -250,7 +256,7 @@ class Supervisor:
         decision = policy.stopping(self._member_views() if self._state is RunState.RESTARTING else [],
                                    waited_s=now - self._entered, drain_timeout_s=self._elastic.drain_timeout_s)
         for worker_id in decision.dropped:
-            self._pool.lose(self._pool.records[worker_id], decision.reason)
+            self._pool.lose(self._pool.records[worker_id], LostCause.FENCED, decision.reason)
         self._carry_out(decision, [])
 
     def _carry_out(self, decision: policy.Decision, candidates: list[WorkerRecord]) -> None:
@@ -423,6 +429,8 @@ class Supervisor:
             for w in leaving:
                 release(w, Stop("left under a preemption notice", flush=flush))
                 # Out of the generation (not a member lost from it) and gone.
+                self._event("worker_left", worker_id=w.worker_id, pid=w.pid, rank=w.rank, node_id=w.node_id,
+                            generation=w.generation, cause=LostCause.PREEMPTED.value)
                 w.status, w.lost_reason, w.rank = WorkerStatus.LOST, "left under a preemption notice", -1
             self._handover = None
             self._wake.set()
@@ -446,7 +454,7 @@ class Supervisor:
         stall = policy.stalled([policy.Progress(m.worker_id, *m.last_report) for m in running], now,
                         self._elastic.progress_timeout_s)
         for worker_id in stall.hung:
-            self._pool.lose(self._pool.records[worker_id], f"no report for over progress_timeout_s="
+            self._pool.lose(self._pool.records[worker_id], LostCause.HUNG, f"no report for over progress_timeout_s="
                                                  f"{self._elastic.progress_timeout_s}s while its peers were ahead")
         if stall.restart:
             self._restart(f"no member reported within progress_timeout_s={self._elastic.progress_timeout_s}s")
@@ -490,8 +498,10 @@ class Supervisor:
         return task
 
     def _event(self, kind: str, **details: Any) -> None:
-        self._events.append({"t": round(time.monotonic() - self._started, 4), "time": time.time(), "kind": kind,
-                             **details})
+        now = time.monotonic()
+        entry = {"t": round(now - self._started, 4), "time": time.time(), "kind": kind, **details}
+        self._events.append(entry)
+        self._exported.event(entry, now)
         self._fed.set()
 
     def _settled(self, generation: int, index: int, committed: CommittedCheckpoint | None) -> None:
@@ -591,7 +601,7 @@ class Supervisor:
         dir_name: str | None = None,
         registered: bool = False,
         sync: bool = False,
-        pace: tuple[float, float] | None = None,
+        pace: Pace | None = None,
     ) -> ReportReply:
         """Record report `index` of a member. The reply waits until every member has made this report:
         `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
@@ -604,7 +614,7 @@ class Supervisor:
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
         w.last_report = (index, time.monotonic())
-        if pace is not None:  # (step time, RSS)
+        if pace is not None:
             self._paces.setdefault((generation, index), {})[worker_id] = pace
         entry.dir_name = entry.dir_name or dir_name
         if registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
@@ -640,12 +650,13 @@ class Supervisor:
                            replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
                            list_stored=registered and w.rank == min(entry.registered_by))
 
-    def _watch_pace(self, index: int, paces: dict[int, tuple[float, float]]) -> None:
-        """Report `index`, which every member made, with each one's step time and RSS: flag stragglers
-        and growing memory (pace.py)."""
+    def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
+        """Report `index`, which every member made, with each one's pace: flag stragglers and growing
+        memory (pace.py), and export it."""
         members = {w.worker_id: w for w in self._members()}
-        step_times = {worker: step_s for worker, (step_s, _) in paces.items()}
-        rss = {worker: rss for worker, (_, rss) in paces.items()}
+        self._exported.made(index, paces, members, time.monotonic())
+        step_times = {worker: pace.step_s for worker, pace in paces.items()}
+        rss = {worker: pace.rss for worker, pace in paces.items()}
         new, cleared, growing = self._pace.observe(step_times, rss)
         for worker_id in sorted(new):
             w = members.get(worker_id)
@@ -744,9 +755,13 @@ class Supervisor:
         self._event("stop_requested", reason=reason)
         self._wake.set()
 
-    async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
-        """A worker stored its part of checkpoint `index` of `generation` (see commits.py)."""
-        await self._adopted.wait()
+    async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any],
+                             upload_s: float | None = None) -> None:
+        """A worker stored its part of checkpoint `index` of `generation` (see commits.py), in
+        `upload_s` (None: the loop stored it itself)."""
+        w = await self._record(worker_id)
+        if w is not None and upload_s is not None:
+            self._exported.uploaded(w, sum(f["size"] for f in facts.values()), upload_s)
         self._commits.part_persisted(worker_id, generation, index, facts)
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
@@ -838,12 +853,18 @@ class Supervisor:
             return False, None
         return True, answer
 
+    async def _every(self, interval_s: float, work: Any) -> None:
+        """Await `work()` every `interval_s` while the run goes."""
+        while not self._state.terminal:
+            await work()
+            await asyncio.sleep(interval_s)
+
     async def _write_events(self) -> None:
         """Write new events to the run's event log as the run goes (the last ones at its end)."""
-        loop = asyncio.get_running_loop()
-        while not self._state.terminal:
-            await loop.run_in_executor(None, self._log.flush)
-            await asyncio.sleep(self._elastic.event_log_interval_s)
+        await asyncio.get_running_loop().run_in_executor(None, self._log.flush)
+
+    async def _sample_metrics(self) -> None:
+        self._exported.sample(self._members(), self._pace.stragglers, self._pace.growing, time.monotonic())
 
     async def _watch_ray_drains(self) -> None:
         """Nodes that Ray drains (`ray drain-node`, KubeRay, the autoscaler) are preemption notices

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -126,7 +127,9 @@ class Commits:
         attempt = Attempt(index, manifest.generation, name)
         try:
             try:
+                began = time.monotonic()
                 stored = await loop.run_in_executor(None, self._storage.commit, index, manifest, name)
+                commit_s = time.monotonic() - began
                 # A new list, not a sort in place: a sweep on another thread reads it (a list being
                 # sorted looks empty meanwhile). A named folder holds its newest commit only.
                 self.committed = sorted([*(c for c in self.committed if name is None or c.name != name), stored],
@@ -147,7 +150,7 @@ class Commits:
             self._fail(str(exc))
             return
         self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
-                    bytes=manifest.total_bytes)
+                    bytes=manifest.total_bytes, commit_s=round(commit_s, 4))
         self._settled(manifest.generation, index, stored)
         # A folder that a live worker may still upload a part into is not removed yet: removed under
         # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.

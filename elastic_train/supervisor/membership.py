@@ -18,6 +18,17 @@ class WorkerStatus(str, enum.Enum):
     LOST = "LOST"  # dead, or dropped and fenced out
 
 
+class LostCause(str, enum.Enum):
+    """Why a worker left the run: a fixed set, for the event log and the `workers_lost` metric."""
+
+    DIED = "died"  # its process or actor ended (Ray told us)
+    SILENT = "silent"  # no heartbeat for heartbeat_timeout_s: its machine hung or was cut off
+    HUNG = "hung"  # heartbeats, but no report for progress_timeout_s while its peers were ahead
+    COLLECTIVE_FAILURE = "collective_failure"  # a collective failed and it did not answer the liveness probe
+    FENCED = "fenced"  # it did not leave an ended generation within drain_timeout_s: dropped and fenced out
+    PREEMPTED = "preempted"  # it left under a preemption notice (its part of the checkpoint handed over)
+
+
 @dataclass
 class WorkerRecord:
     worker_id: int

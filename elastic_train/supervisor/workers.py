@@ -16,7 +16,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY
 from elastic_train.config import ElasticConfig, ScalingConfig
 from elastic_train.protocol import Assignment, Stop
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, worker_name
-from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
+from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
 from elastic_train.worker.nccl_env import nccl_env
 
@@ -118,9 +118,9 @@ class WorkerPool:
         try:
             await ended_ref
         except ray.exceptions.RayActorError as exc:
-            self.lose(worker, f"actor died: {type(exc).__name__}")
+            self.lose(worker, LostCause.DIED, f"actor died: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
-            self.lose(worker, f"worker runtime failed: {exc!r}")
+            self.lose(worker, LostCause.DIED, f"worker runtime failed: {exc!r}")
         else:
             ray.kill(worker.actor)
             if not worker.leaving:
@@ -129,13 +129,14 @@ class WorkerPool:
         worker.actor = None
         self.top_up()
 
-    def lose(self, worker: WorkerRecord, reason: str) -> None:
-        """Drop `worker`: it is fenced (its calls are refused from now on) and its process is ended."""
+    def lose(self, worker: WorkerRecord, cause: LostCause, reason: str) -> None:
+        """Drop `worker` for `cause` (`reason` tells the details): it is fenced (its calls are refused
+        from now on) and its process is ended."""
         if worker.status is WorkerStatus.LOST or self._over():
             return
         logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
         self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,
-                    generation=worker.generation, reason=reason)
+                    node_id=worker.node_id, generation=worker.generation, cause=cause.value, reason=reason)
         worker.status, worker.lost_reason = WorkerStatus.LOST, reason
         if worker.actor is not None:
             ray.kill(worker.actor, no_restart=True)  # `_watch` requests the replacement once it ended
@@ -146,14 +147,17 @@ class WorkerPool:
         for w in self.records.values():
             silent = now - w.last_heartbeat
             if w.status in (WorkerStatus.MEMBER, WorkerStatus.PARKED) and silent > self._elastic.heartbeat_timeout_s:
-                self.lose(w, f"no heartbeat for {silent:.1f}s")
+                self.lose(w, LostCause.SILENT, f"no heartbeat for {silent:.1f}s")
 
     async def probe(self, worker: WorkerRecord) -> None:
         """After a collective failed: is this member still there?"""
         try:
             await asyncio.wait_for(worker.actor.ping.remote(), self._elastic.probe_timeout_s)
-        except (asyncio.TimeoutError, ray.exceptions.RayActorError) as exc:
-            self.lose(worker, f"liveness probe failed: {type(exc).__name__}")
+        except ray.exceptions.RayActorError as exc:
+            self.lose(worker, LostCause.DIED, f"liveness probe failed: {type(exc).__name__}")
+        except asyncio.TimeoutError:
+            self.lose(worker, LostCause.COLLECTIVE_FAILURE,
+                      f"no answer to the liveness probe within probe_timeout_s={self._elastic.probe_timeout_s}s")
 
     def end_all(self, stop: Stop, now: bool) -> None:
         """The run is over: release every parked worker with `stop`; kill those still pending or lost

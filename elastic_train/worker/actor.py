@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -286,9 +287,11 @@ class TrainWorker:
         if obsolete(part, place):
             raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
+        began = time.monotonic()
         facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name)
+        upload_s = time.monotonic() - began
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
-        ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts))
+        ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts, upload_s))
 
     def _upload_given_up(self, part: PartUpload, error: StorageError) -> None:
         self._supervisor.persist_given_up.remote(self.worker_id, part.generation, part.index, str(error))

@@ -24,7 +24,7 @@ from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_file
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.errors import CheckpointError
-from elastic_train.protocol import HeldCheckpoint, PreemptionInfo, ReportReply, ResumePlan
+from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.persister import PartUpload
 
@@ -127,6 +127,7 @@ class TrainSession:
         self._collective_calls = 0
         self._step_s = 0.0  # the loop's time since the last report, outside report() and other barriers
         self._outside_since = time.monotonic()
+        self._stall_s = 0.0  # how long the last report() held the loop
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -140,16 +141,18 @@ class TrainSession:
         evicted by the snapshot kept here."""
         if self._generation_ended():
             raise GenerationEnded()
-        step_s = self._enter_barrier()
+        pace = Pace(self._enter_barrier(), float(_PROCESS.memory_info().rss), self._stall_s)
         self._step_s = 0.0
+        entered = time.monotonic()
         try:
-            self._report(metrics, checkpoint, dir_name, mode, delete_local, upload_fn, step_s)
+            self._report(metrics, checkpoint, dir_name, mode, delete_local, upload_fn, pace)
         finally:
             self._outside_since = time.monotonic()
+            self._stall_s = self._outside_since - entered
 
     def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, dir_name: str | None,
                 mode: CheckpointUploadMode, delete_local: bool, upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
-                step_s: float) -> None:
+                pace: Pace) -> None:
         self.index += 1
         assignment = self.context.assignment
         files: dict[str, bytes] | None = None
@@ -179,7 +182,7 @@ class TrainSession:
         reply = self._supervisor.report.remote(
             self.worker_id, assignment.generation, self.index, dict(metrics),
             sorted(files) if files is not None else None, loader_states, dir_name, registered,
-            mode is CheckpointUploadMode.SYNC, (step_s, float(_PROCESS.memory_info().rss)))
+            mode is CheckpointUploadMode.SYNC, pace)
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
