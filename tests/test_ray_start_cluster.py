@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -105,11 +107,13 @@ def _node_ports() -> list[str]:
             f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}"]
 
 
-def _start_node(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+def _start_node(args: list[str], env: dict, log: Path, temp_dir: str) -> subprocess.Popen:
     """`ray start ... --block` in a session of its own: the process and everything it starts; its
-    output in `log`."""
+    output in `log`. Its files in `temp_dir`: in Ray's default one, the head's address file would make
+    every later `ray.init()` on this machine look for this cluster once it is gone."""
     with open(log, "w") as out:
-        return subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", *args, *_node_ports()],
+        return subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+                                 *args, *_node_ports()],
                                 env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -148,9 +152,10 @@ def test_ray_job_submit_on_a_ray_start_cluster_survives_a_lost_worker_node(tmp_p
     (tmp_path / "job" / "train.py").write_text(TRAIN_SCRIPT)
     log_dir, storage = tmp_path / "log", tmp_path / "storage"
     log_dir.mkdir()
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     nodes = [_start_node(["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--num-cpus=0",
                           "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                          f"--dashboard-port={dashboard_port}"], env, tmp_path / "head.log")]
+                          f"--dashboard-port={dashboard_port}"], env, tmp_path / "head.log", temp_dir)]
     job = None
     try:
         wait_for(lambda: subprocess.run([str(BIN / "ray"), "status", f"--address={address}"], env=env,
@@ -159,7 +164,7 @@ def test_ray_job_submit_on_a_ray_start_cluster_survives_a_lost_worker_node(tmp_p
         # after the other: nodes starting at once on one machine race for the same ports.
         for i in range(2):
             nodes.append(_start_node([f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2"], env,
-                                     tmp_path / f"node-{i}.log"))
+                                     tmp_path / f"node-{i}.log", temp_dir))
             wait_for(lambda: f"/{2 * (i + 1)}.0 CPU" in subprocess.run(
                 [str(BIN / "ray"), "status", f"--address={address}"], env=env, capture_output=True, text=True).stdout,
                      60, f"worker node {i} to join")
@@ -198,6 +203,7 @@ def test_ray_job_submit_on_a_ray_start_cluster_survives_a_lost_worker_node(tmp_p
             job.kill()
         for node in reversed(nodes):
             _stop(node)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _node_id(node: subprocess.Popen) -> str:

@@ -113,6 +113,7 @@ class Supervisor:
         self._cadence = PersistCadence(checkpointing, time.monotonic())
         self._wake = asyncio.Event()
         self._exported = RunMetrics(spec.run.name)  # for Prometheus, through Ray's metrics agent
+        self._exported.state(self._state)
         self._pool = WorkerPool(spec, scaling, self._worker_prefix, event=self._event, changed=self._wake.set,
                                 track=self._track, over=lambda: self._state.terminal)
         self._commits = Commits(self._storage, checkpointing, self._ledger, settled=self._settled, event=self._event,

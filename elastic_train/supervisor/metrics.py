@@ -74,15 +74,14 @@ class RunMetrics:
         """The supervisor recorded `entry` (at monotonic time `now`)."""
         kind = entry["kind"]
         if kind == "generation":
-            resumed_at = entry.get("resume_index") or entry.get("index") or 0
-            redone = self.account.opened(entry["generation"], resumed_at, now)
+            # None: from the start (or adopted by a restarted supervisor, which knows no report before)
+            redone = self.account.opened(entry["generation"], entry.get("resume_index") or 0, now)
             if redone:
                 self._steps_redone.inc(redone, self._run)
             self._world_size.set(entry["world_size"], self._run)
             self._generation.set(entry["generation"], self._run)
         elif kind == "state":
-            for state in RunState:
-                self._state.set(float(state.value == entry["target"]), {**self._run, "state": state.value})
+            self.state(RunState(entry["target"]))
         elif kind in LOST_KINDS:
             self._lost.inc(1, {**self._run, "cause": entry["cause"]})
             self.account.lost(entry["generation"], entry["rank"], now)
@@ -92,6 +91,10 @@ class RunMetrics:
             if entry["bytes"]:
                 self._commit_bytes.inc(entry["bytes"], self._run)
             self._commit.observe(entry["commit_s"], self._run)
+
+    def state(self, current: RunState) -> None:
+        for state in RunState:
+            self._state.set(float(state is current), {**self._run, "state": state.value})
 
     def made(self, index: int, paces: Mapping[int, Pace], members: Mapping[int, WorkerRecord], now: float) -> None:
         """Every member made report `index`; `paces` by worker id."""
