@@ -3,17 +3,22 @@
 Why: every worker heartbeats the one supervisor actor every `heartbeat_interval_s`, and the control
 loop scans every worker record each `control_tick_s` to drop the silent ones. Both grow with N: this
 measures how far, so the timeouts can be chosen knowing what a large run costs, and so the point
-where the supervisor stops keeping up is a number rather than a guess.
+where the supervisor stops keeping up is a number rather than a guess. Both transports are measured
+side by side: UDP datagrams (the default, `supervisor/heartbeats.py`) and Ray actor calls (the
+bootstrap and fallback, and `heartbeat_udp=False`).
 
 What: the real `Supervisor` (a Ray async actor, created as `trainer.py` creates it: 0 CPUs,
 max_concurrency=10,000) as `ScaleSupervisor`, which registers N simulated members (generation 0,
 state RUNNING, adoption done) and runs only the detection part of the control loop: `run()`'s wait
 for a wake-up or `control_tick_s`, then `WorkerPool.drop_silent` (the rest of `_step` would act on
-real worker actors). Heartbeats take the real path: `Supervisor.heartbeat` over Ray (counted on the
-way in). A few `HeartbeatSender` actors simulate the workers, one coroutine per worker doing what
-`worker/heartbeat.py` does: wait `heartbeat_interval_s`, call `heartbeat`, wait for the reply at
-most 4 intervals at a time, and send the next only once it is answered (one heartbeat in flight
-per worker); each starts at a random phase. Per N, on a fresh supervisor and senders:
+real worker actors). Heartbeats take the real paths into it: datagrams to its endpoint, or calls of
+`Supervisor.heartbeat` over Ray. A few `HeartbeatSender` actors simulate the workers, one coroutine
+per worker doing what `worker/heartbeat.py` does, each from a random phase. Over UDP: a datagram
+every `heartbeat_interval_s`, whatever came back; a reply later than `heartbeat_reply_timeout_s`
+counts as a timeout (a real worker would then make a Ray call). Over Ray: wait
+`heartbeat_interval_s`, call `heartbeat`, wait for the reply at most 4 intervals at a time, and send
+the next only once it is answered (one heartbeat in flight per worker). Per N and transport, on a
+fresh supervisor and senders:
 
 1. warm-up, then a steady-state window: the supervisor's CPU (psutil, on its PID; 100 % = one
    core), the senders' and the whole machine's; heartbeats the supervisor served per second against
@@ -32,6 +37,9 @@ machines. Where the heartbeats served per second fall below 90 % of the target, 
 not sustain that N (the output says so); the figures of that N are those of an overloaded control
 plane.
 
+The Ray transport is measured up to `--ray-max-workers` (1,000): past that this machine serves a
+fraction of its heartbeats.
+
     python -m benchmarks.scale --out results/scale
     python -m benchmarks.scale --quick --out /tmp/bench_scale
 """
@@ -40,11 +48,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 import os
 import random
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -56,8 +66,9 @@ import ray
 from benchmarks.common import machine_facts
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import HeartbeatReply
+from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel, HeartbeatReply
 from elastic_train.supervisor.actor import Supervisor
+from elastic_train.supervisor.heartbeats import widen_receive_buffer
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.supervisor.state import RunState
 from elastic_train.worker.actor import WorkerSpec
@@ -76,9 +87,9 @@ DETECT_GRACE_S = 20.0  # how long past the timeout a failure may stay undetected
 class ScaleSupervisor(Supervisor):
     """The real Supervisor with N simulated members, running only the detection part of its control loop."""
 
-    async def populate(self, n: int) -> int:
+    async def populate(self, n: int) -> tuple[int, HeartbeatChannel | None]:
         """Register workers 0..n-1 as members of generation 0 (as if they had heartbeated just now), enter
-        RUNNING and serve calls; returns this process's PID."""
+        RUNNING, serve calls and datagrams; returns this process's PID and the heartbeat channel."""
         now = time.monotonic()
         for i in range(n):
             self._pool.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
@@ -87,14 +98,9 @@ class ScaleSupervisor(Supervisor):
         self._generation, self._world_size = 0, n
         self._transition(RunState.RUNNING, reason="benchmark", generation=0, world_size=n)
         self._detecting = True
-        self._served = 0
+        await self._open_heartbeats()
         self._adopted.set()
-        return os.getpid()
-
-    async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
-        """Count the heartbeat, then serve it as the Supervisor does."""
-        self._served += 1
-        return await super().heartbeat(worker_id, generation, facts)
+        return os.getpid(), self._channel
 
     async def detect(self) -> list[tuple[float, float, int]]:
         """`run()`'s loop, detection only: wait for a wake-up or `control_tick_s`, then drop silent
@@ -109,12 +115,14 @@ class ScaleSupervisor(Supervisor):
             self._wake.clear()
             wall, started = time.time(), time.perf_counter()
             self._pool.drop_silent(time.monotonic())
-            ticks.append((wall, time.perf_counter() - started, self._served))
+            ticks.append((wall, time.perf_counter() - started, sum(self._heartbeats.values())))
         return ticks
 
     async def stop_detecting(self) -> None:
         self._detecting = False
         self._wake.set()
+        if self._beats is not None:
+            self._beats.close()
 
     async def events(self, since: int = 0) -> list[dict[str, Any]]:
         """The events from `since` on (`status()` would also list all N members on every poll)."""
@@ -125,9 +133,10 @@ class HeartbeatSender:
     """Simulated workers: one coroutine per worker, the loop of `worker/heartbeat.py`. A worker stops
     heartbeating at its failure time (never, if it has none), or when the supervisor says it is fenced."""
 
-    def __init__(self, supervisor: Any, interval_s: float, seed: int):
+    def __init__(self, supervisor: Any, interval_s: float, reply_timeout_s: float, seed: int):
         self._supervisor = supervisor
         self._interval_s = interval_s
+        self._reply_timeout_s = reply_timeout_s
         self._rng = random.Random(seed)
         self._stop = asyncio.Event()
         self._rtts: list[float] = []  # of heartbeats sent in the window and answered in time
@@ -140,11 +149,22 @@ class HeartbeatSender:
         return os.getpid()
 
     async def run(self, worker_ids: list[int], start: float, window: tuple[float, float],
-                  fail_at: dict[int, float]) -> dict[str, Any]:
-        """Heartbeat for `worker_ids` from wall time `start` until `stop`; returns what was measured."""
+                  fail_at: dict[int, float], channel: HeartbeatChannel | None) -> dict[str, Any]:
+        """Heartbeat for `worker_ids` from wall time `start` until `stop`, as datagrams to `channel` (None:
+        as Ray calls); returns what was measured."""
+        worker = self._worker
+        if channel is not None:
+            self._waiting: dict[tuple[int, int], asyncio.Future] = {}
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            widen_receive_buffer(sock)  # one socket here stands for thousands of workers' own
+            sock.connect(("127.0.0.1", channel.port))
+            self._transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _Replies(self._waiting), sock=sock)
+            self._token = channel.token
+            worker = self._datagram_worker
         await asyncio.sleep(max(0.0, start - time.time()))
-        tasks = [asyncio.ensure_future(self._worker(w, self._rng.uniform(0, self._interval_s),
-                                                    fail_at.get(w, math.inf), window))
+        tasks = [asyncio.ensure_future(worker(w, self._rng.uniform(0, self._interval_s), fail_at.get(w, math.inf),
+                                              window))
                  for w in worker_ids]
         await self._stop.wait()
         for task in tasks:
@@ -156,17 +176,25 @@ class HeartbeatSender:
     async def stop(self) -> None:
         self._stop.set()
 
+    def _beat_due(self, worker_id: int, fail_at: float, window: tuple[float, float]) -> tuple[float, bool] | None:
+        """A heartbeat is due now: (its send time, whether it is in the measured window); None once the
+        worker's failure time has come (it falls silent)."""
+        sent = time.time()
+        if sent >= fail_at:
+            self._silenced[worker_id] = sent
+            return None
+        self._last_sent[worker_id] = sent
+        in_window = window[0] <= sent < window[1]
+        self._sent_in_window += in_window
+        return sent, in_window
+
     async def _worker(self, worker_id: int, phase: float, fail_at: float, window: tuple[float, float]) -> None:
         await asyncio.sleep(phase)
         while not self._stop.is_set():  # as well as the cancel: 3.11's wait_for may swallow one
             await asyncio.sleep(self._interval_s)
-            sent = time.time()
-            if sent >= fail_at:
-                self._silenced[worker_id] = sent
+            if (beat := self._beat_due(worker_id, fail_at, window)) is None:
                 return
-            self._last_sent[worker_id] = sent
-            in_window = window[0] <= sent < window[1]
-            self._sent_in_window += in_window
+            sent, in_window = beat
             call = asyncio.ensure_future(self._supervisor.heartbeat.remote(worker_id, 0, FACTS))
             while True:  # as worker/heartbeat.py: one heartbeat in flight, waited for rather than queued behind
                 done, _ = await asyncio.wait({call}, timeout=self._interval_s * 4)
@@ -180,6 +208,48 @@ class HeartbeatSender:
                 self._rtts.append(time.time() - sent)
             if reply.fenced:  # declared lost while alive: a real worker would rejoin as a new member
                 return
+
+    async def _datagram_worker(self, worker_id: int, phase: float, fail_at: float, window: tuple[float, float]) -> None:
+        """A datagram every interval, whatever came back; a reply later than `heartbeat_reply_timeout_s`
+        is a timeout. Stops once fenced."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(phase)
+        seq, due, fenced = 0, loop.time(), asyncio.Event()
+
+        def answered(sent: float, in_window: bool, reply: asyncio.Future) -> None:
+            if reply.cancelled():
+                self._timeouts += in_window
+                return
+            if in_window:
+                self._rtts.append(time.time() - sent)
+            if reply.result().fenced:
+                fenced.set()
+
+        while not self._stop.is_set() and not fenced.is_set():
+            due += self._interval_s
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            if (beat := self._beat_due(worker_id, fail_at, window)) is None:
+                return
+            sent, in_window = beat
+            seq += 1
+            key = (worker_id, seq)
+            reply = self._waiting[key] = loop.create_future()
+            reply.add_done_callback(lambda r, t=sent, w=in_window: answered(t, w, r))
+            loop.call_later(self._reply_timeout_s, lambda k=key: self._waiting.pop(k).cancel())
+            self._transport.sendto(Beat(self._token, worker_id, seq, 0, FACTS["rss_bytes"], FACTS["cpu_percent"]).pack())
+
+
+class _Replies(asyncio.DatagramProtocol):
+    """Hands each reply datagram to the simulated worker waiting for it."""
+
+    def __init__(self, waiting: dict[tuple[int, int], asyncio.Future]):
+        self._waiting = waiting
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        answer = BeatReply.unpack(data)
+        waiter = self._waiting.get((answer.worker_id, answer.seq)) if answer is not None else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer.reply)
 
 
 def _no_op() -> None:
@@ -202,27 +272,30 @@ def _sleep_until(wall: float) -> None:
     time.sleep(max(0.0, wall - time.time()))
 
 
-def run_workers(n: int, spec: WorkerSpec, senders: int, failures: int, window_s: float,
+def run_workers(n: int, transport: str, spec: WorkerSpec, senders: int, failures: int, window_s: float,
                 rng: random.Random) -> dict[str, Any]:
-    """One N on a fresh supervisor and fresh senders: steady-state costs, then detection of failures."""
+    """One N and transport ("udp" or "ray") on a fresh supervisor and fresh senders: steady-state costs,
+    then detection of failures."""
+    spec = dataclasses.replace(spec, elastic=dataclasses.replace(spec.elastic, heartbeat_udp=transport == "udp"))
     elastic = spec.elastic
     supervisor = ray.remote(ScaleSupervisor).options(num_cpus=0, max_concurrency=10_000).remote(
         spec, ScalingConfig(num_workers=n), FailureConfig(), CheckpointConfig())
-    actors = [ray.remote(HeartbeatSender).options(num_cpus=0).remote(supervisor, elastic.heartbeat_interval_s, k)
-              for k in range(senders)]
+    actors = [ray.remote(HeartbeatSender).options(num_cpus=0).remote(
+        supervisor, elastic.heartbeat_interval_s, elastic.heartbeat_reply_timeout_s, k) for k in range(senders)]
     try:
         sender_procs = [psutil.Process(pid) for pid in ray.get([a.pid.remote() for a in actors])]
-        supervisor_proc = psutil.Process(ray.get(supervisor.populate.remote(n)))
+        pid, channel = ray.get(supervisor.populate.remote(n))
+        supervisor_proc = psutil.Process(pid)
         detect_ref = supervisor.detect.remote()
         start = time.time() + START_DELAY_S
         window = (start + WARMUP_S, start + WARMUP_S + window_s)
         failed = rng.sample(range(n), min(failures, n // 2))
         fail_at = {w: window[1] + STAGGER_S * i / len(failed) for i, w in enumerate(failed)}
         runs = [a.run.remote(list(range(k, n, senders)), start, window,
-                             {w: t for w, t in fail_at.items() if w % senders == k})
+                             {w: t for w, t in fail_at.items() if w % senders == k}, channel)
                 for k, a in enumerate(actors)]
-        logger.info("%d workers: %d senders; steady-state window %.0f s, then %d failures", n, senders, window_s,
-                    len(failed))
+        logger.info("%d workers over %s: %d senders; steady-state window %.0f s, then %d failures", n, transport,
+                    senders, window_s, len(failed))
 
         _sleep_until(window[0])
         procs = [supervisor_proc, *sender_procs]
@@ -274,6 +347,7 @@ def run_workers(n: int, spec: WorkerSpec, senders: int, failures: int, window_s:
     rate = (last[2] - first[2]) / (last[0] - first[0])
     return {
         "workers": n,
+        "transport": transport,
         "senders": senders,
         "target_heartbeats_per_s": round(target, 1),
         "heartbeats_per_s": round(rate, 1),
@@ -309,13 +383,13 @@ def table(report: dict[str, Any]) -> str:
     """The report's markdown table, and a line for each N this machine could not sustain."""
     lines = [f"heartbeat every {report['heartbeat_interval_s']} s, timeout {report['heartbeat_timeout_s']} s, "
              f"control tick {report['control_tick_s']} s; CPU % of one core", "",
-             "| workers | heartbeats/s served (target) | RTT p50 / p99 (timeouts) | supervisor CPU | per heartbeat "
-             "| senders CPU | scan p50 / p99 | tick gap p99 | detected | false losses | delay beyond timeout p50 / p99 "
-             "| last beat -> lost p50 / p99 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| workers | transport | heartbeats/s served (target) | RTT p50 / p99 (timeouts) | supervisor CPU "
+             "| per heartbeat | senders CPU | scan p50 / p99 | tick gap p99 | detected | false losses "
+             "| delay beyond timeout p50 / p99 | last beat -> lost p50 / p99 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in report["runs"]:
         lines.append(
-            f"| {r['workers']} | {r['heartbeats_per_s']:.0f} ({r['target_heartbeats_per_s']:.0f}) "
+            f"| {r['workers']} | {r['transport']} | {r['heartbeats_per_s']:.0f} ({r['target_heartbeats_per_s']:.0f}) "
             f"| {_cell(r['heartbeat_rtt_ms_p50'], '.1f')} / {_cell(r['heartbeat_rtt_ms_p99'], '.1f')} ms "
             f"({r['heartbeat_timeouts']}) | {r['supervisor_cpu_percent']:.0f} % "
             f"| {_cell(r['supervisor_cpu_ms_per_heartbeat'], '.2f')} ms | {r['senders_cpu_percent']:.0f} % "
@@ -325,7 +399,7 @@ def table(report: dict[str, Any]) -> str:
             f"| {_cell(r['silent_to_lost_s_p50'], '.3f')} / {_cell(r['silent_to_lost_s_p99'], '.3f')} s |")
     for r in report["runs"]:
         if not r["sustained"]:
-            lines.append(f"\n{r['workers']} workers: {r['heartbeats_per_s']:.0f} heartbeats/s served, "
+            lines.append(f"\n{r['workers']} workers over {r['transport']}: {r['heartbeats_per_s']:.0f} heartbeats/s served, "
                          f"{100 * r['heartbeats_per_s'] / r['target_heartbeats_per_s']:.0f} % of the target: this "
                          f"machine ({report['machine']['cpus']} cores, senders included) does not sustain it; its "
                          "figures are an overloaded control plane's.")
@@ -345,8 +419,14 @@ def main() -> None:
                         help="ElasticConfig.heartbeat_interval_s")
     parser.add_argument("--timeout", type=float, default=defaults.heartbeat_timeout_s,
                         help="ElasticConfig.heartbeat_timeout_s")
+    parser.add_argument("--transports", default="udp,ray", help="comma-separated, of: udp, ray")
+    parser.add_argument("--ray-max-workers", type=int, default=1000,
+                        help="the largest N measured over Ray calls (past it this machine serves a fraction)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "scale", help="folder for scale.json")
     args = parser.parse_args()
+    transports = args.transports.split(",")
+    if unknown := set(transports) - {"udp", "ray"}:
+        parser.error(f"unknown transports {sorted(unknown)}; choose from udp, ray")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     counts = [int(n) for n in (args.workers or ("100,300,1000" if args.quick else "100,1000,3000,10000")).split(",")]
@@ -366,11 +446,14 @@ def main() -> None:
             rng = random.Random(0)
             runs = []
             for n in counts:
-                runs.append(run_workers(n, spec, args.senders, failures, window_s, rng))
-                r = runs[-1]
-                logger.info("%d workers: %.0f of %.0f heartbeats/s, supervisor %.0f %% CPU, detect delay p50 %s s",
-                            n, r["heartbeats_per_s"], r["target_heartbeats_per_s"], r["supervisor_cpu_percent"],
-                            r["detect_delay_s_p50"])
+                for transport in transports:
+                    if transport == "ray" and n > args.ray_max_workers:
+                        continue
+                    runs.append(run_workers(n, transport, spec, args.senders, failures, window_s, rng))
+                    r = runs[-1]
+                    logger.info("%d workers over %s: %.0f of %.0f heartbeats/s, supervisor %.0f %% CPU, detect delay "
+                                "p50 %s s", n, transport, r["heartbeats_per_s"], r["target_heartbeats_per_s"],
+                                r["supervisor_cpu_percent"], r["detect_delay_s_p50"])
     finally:
         ray.shutdown()
     report = {
@@ -378,6 +461,7 @@ def main() -> None:
         "machine": machine_facts(),
         "heartbeat_interval_s": elastic.heartbeat_interval_s,
         "heartbeat_timeout_s": elastic.heartbeat_timeout_s,
+        "heartbeat_reply_timeout_s": elastic.heartbeat_reply_timeout_s,
         "control_tick_s": elastic.control_tick_s,
         "steady_state_window_s": window_s,
         "total_wall_s": round(time.monotonic() - started, 2),

@@ -181,6 +181,8 @@ def status(name: str = typer.Argument(..., help="the run's name (RunConfig.name)
                       f"{member.get('rss_bytes', 0) / 2**20:.0f}", f"{member.get('cpu_percent', 0):.0f}",
                       " ".join(flags) or "-")
     console.print(table)
+    beats = snapshot["heartbeats"]
+    console.print(f"heartbeats received: {beats['udp']} as datagrams, {beats['ray']} as Ray calls")
 
 
 @app.command()

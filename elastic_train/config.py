@@ -206,6 +206,13 @@ class ElasticConfig:
     """How often a worker tells the supervisor it is alive."""
     heartbeat_timeout_s: float = 5.0
     """A worker silent for this long is declared lost and fenced out."""
+    heartbeat_udp: bool = True
+    """Heartbeats travel as UDP datagrams to the supervisor (`supervisor/heartbeats.py`): tens of
+    microseconds of its CPU each, against about a millisecond for a Ray call, so one supervisor keeps up
+    with 10,000 workers. False: every heartbeat is a Ray call (where UDP cannot pass between machines)."""
+    heartbeat_reply_timeout_s: float = 1.0
+    """A worker whose datagrams went unanswered this long heartbeats through a Ray call instead (UDP
+    blocked, or the supervisor was restarted on another port: the call's reply names the new one)."""
     min_workers_timeout_s: float = 60.0
     """How long the run waits below `min` workers for capacity before it fails."""
     initial_placement_timeout_s: float = 30.0
@@ -325,6 +332,15 @@ class ElasticConfig:
             raise ConfigError(
                 f"ElasticConfig.heartbeat_timeout_s={self.heartbeat_timeout_s} must exceed twice "
                 f"heartbeat_interval_s={self.heartbeat_interval_s}, or healthy workers would be dropped."
+            )
+        if self.heartbeat_udp and not (self.heartbeat_interval_s < self.heartbeat_reply_timeout_s
+                                       < self.heartbeat_timeout_s - 2 * self.heartbeat_interval_s):
+            raise ConfigError(
+                f"ElasticConfig.heartbeat_reply_timeout_s={self.heartbeat_reply_timeout_s} must exceed "
+                f"heartbeat_interval_s={self.heartbeat_interval_s} (a reply takes a round trip) and stay below "
+                f"heartbeat_timeout_s - 2 * heartbeat_interval_s = "
+                f"{self.heartbeat_timeout_s - 2 * self.heartbeat_interval_s:g} (a worker whose datagrams are lost "
+                "must fall back to Ray calls before it is declared lost). Adjust it, or set heartbeat_udp=False."
             )
         unknown = set(self.preemption_pollers) - {"aws", "gcp", "azure"}
         if unknown:

@@ -1,8 +1,10 @@
-"""Messages between workers and the supervisor. Plain dataclasses: Ray pickles them."""
+"""Messages between workers and the supervisor. Plain dataclasses: Ray pickles them; heartbeats also
+travel as UDP datagrams (`Beat`, `BeatReply`: fixed binary layouts, packed here)."""
 
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -99,10 +101,74 @@ class Stop:
     flush: ResumePlan | None = None  # store this worker's files of this checkpoint before leaving
 
 
+@dataclass(frozen=True)
+class HeartbeatChannel:
+    """Where a worker sends its heartbeats as UDP datagrams (supervisor/heartbeats.py). The token is
+    the supervisor's own: a datagram of another run, or for a supervisor Ray has since restarted, is
+    dropped."""
+
+    host: str  # the supervisor's node address
+    port: int
+    node_id: str  # the supervisor's node: a worker on it sends to 127.0.0.1
+    token: bytes  # TOKEN_BYTES random bytes
+
+
 @dataclass
 class HeartbeatReply:
     active_generation: int | None  # None while the supervisor is re-forming the group
     fenced: bool = False  # this worker was dropped from its generation
+    channel: HeartbeatChannel | None = None  # on a reply through Ray: where to send the next ones (None: through Ray)
+
+
+TOKEN_BYTES = 16
+_NONE = -1  # a generation of None on the wire (generations count from 0)
+_BEAT = struct.Struct(f"!4s{TOKEN_BYTES}sIIidf")  # magic, token, worker id, seq, generation, RSS, CPU %
+_REPLY = struct.Struct(f"!4s{TOKEN_BYTES}sIIi?")  # magic, token, worker id, seq, active generation, fenced
+_BEAT_MAGIC, _REPLY_MAGIC = b"ETb1", b"ETr1"
+
+
+class Beat(NamedTuple):
+    """A heartbeat datagram: a worker alive, the generation it runs (None: parked), its process facts."""
+
+    token: bytes
+    worker_id: int
+    seq: int  # the worker's count of heartbeats: its reply carries it back
+    generation: int | None
+    rss_bytes: float
+    cpu_percent: float
+
+    def pack(self) -> bytes:
+        return _BEAT.pack(_BEAT_MAGIC, self.token, self.worker_id, self.seq,
+                          _NONE if self.generation is None else self.generation, self.rss_bytes, self.cpu_percent)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "Beat | None":
+        """The beat in `data`; None for anything else (a stray or truncated datagram)."""
+        if len(data) != _BEAT.size or not data.startswith(_BEAT_MAGIC):
+            return None
+        _, token, worker_id, seq, generation, rss, cpu = _BEAT.unpack(data)
+        return cls(token, worker_id, seq, None if generation == _NONE else generation, rss, cpu)
+
+
+class BeatReply(NamedTuple):
+    """The supervisor's answer to a `Beat`: a `HeartbeatReply` for that beat."""
+
+    token: bytes
+    worker_id: int
+    seq: int
+    reply: HeartbeatReply
+
+    def pack(self) -> bytes:
+        active = self.reply.active_generation
+        return _REPLY.pack(_REPLY_MAGIC, self.token, self.worker_id, self.seq, _NONE if active is None else active,
+                           self.reply.fenced)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "BeatReply | None":
+        if len(data) != _REPLY.size or not data.startswith(_REPLY_MAGIC):
+            return None
+        _, token, worker_id, seq, active, fenced = _REPLY.unpack(data)
+        return cls(token, worker_id, seq, HeartbeatReply(None if active == _NONE else active, fenced))
 
 
 class Pace(NamedTuple):

@@ -21,8 +21,10 @@ import ray
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import (
     Assignment,
+    Beat,
     Exit,
     Feed,
+    HeartbeatChannel,
     HeartbeatReply,
     Outcome,
     Pace,
@@ -40,6 +42,7 @@ from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.event_log import EventLog
 from elastic_train.supervisor.feed import ReportFeed
+from elastic_train.supervisor.heartbeats import HeartbeatEndpoint, open_endpoint
 from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.supervisor.pace import PaceWatch, peer_medians
@@ -135,10 +138,14 @@ class Supervisor:
         self._history: list[dict[str, Any]] = []
         self._log = EventLog(self._storage, go_on=restarted)  # a restarted supervisor appends to its predecessor's
         self._events = self._log.entries
+        self._beats: HeartbeatEndpoint | None = None  # heartbeats as UDP datagrams (supervisor/heartbeats.py)
+        self._channel: HeartbeatChannel | None = None  # where workers send them; None: through Ray calls
+        self._heartbeats = {"udp": 0, "ray": 0}  # heartbeats received, by the path they took (`status`)
 
     # == the control loop ==========================================================================
     async def run(self) -> RunSummary:
         self._pool.supervisor = ray.get_runtime_context().current_actor
+        await self._open_heartbeats()
         adopting = self._state is RunState.ADOPTING
         try:
             # A restarted supervisor leaves uncommitted folders alone: adopted workers may still commit them.
@@ -166,6 +173,8 @@ class Supervisor:
             self._wake.clear()
             self._step(time.monotonic())
         await self._shut_down()
+        if self._beats is not None:
+            self._beats.close()
         for task in periodic:
             task.cancel()
         await asyncio.get_running_loop().run_in_executor(None, self._log.flush)
@@ -176,6 +185,13 @@ class Supervisor:
         self._fed.set()
         return RunSummary(self._state, self._error, self._metrics, self._history, self._commits.committed,
                           self._events, self._worker_failures, self._preemption, self._stopping, self._returned())
+
+    async def _open_heartbeats(self) -> None:
+        """Listen for heartbeat datagrams (unless `heartbeat_udp` is off): the channel goes with every
+        reply to a heartbeat call."""
+        if self._elastic.heartbeat_udp:
+            self._beats, self._channel = await open_endpoint(
+                ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id(), self._beat)
 
     async def _adopt_workers(self) -> None:
         """After a restart: adopt the workers that describe themselves. The members of their newest
@@ -579,7 +595,24 @@ class Supervisor:
         return await waiting
 
     async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
+        """A heartbeat through Ray: a worker's first, or its fallback when its datagrams go unanswered.
+        The reply names the channel for the next ones."""
         w = await self._record(worker_id)
+        self._heartbeats["ray"] += 1
+        reply = self._heartbeat(w, worker_id, generation, facts)
+        reply.channel = self._channel
+        return reply
+
+    def _beat(self, beat: Beat) -> HeartbeatReply | None:
+        """A heartbeat datagram (heartbeats.py); none is answered before adoption is done."""
+        if not self._adopted.is_set():
+            return None
+        self._heartbeats["udp"] += 1
+        facts = {"rss_bytes": beat.rss_bytes, "cpu_percent": beat.cpu_percent}
+        return self._heartbeat(self._pool.records.get(beat.worker_id), beat.worker_id, beat.generation, facts)
+
+    def _heartbeat(self, w: WorkerRecord | None, worker_id: int, generation: int | None,
+                   facts: dict[str, float]) -> HeartbeatReply:
         if w is None:
             return HeartbeatReply(active_generation=None, fenced=True)
         fenced = w.status is WorkerStatus.LOST
@@ -900,7 +933,6 @@ class Supervisor:
             self._fail(message)
             self._wake.set()
 
-
     # == for the driver and tests ===================================================================
     async def status(self, events_since: int = 0) -> dict[str, Any]:
         """A snapshot for monitors and fault injectors attached from outside the driver (`elastic-train
@@ -912,6 +944,7 @@ class Supervisor:
             "world_size": self._world_size,
             "index": self._max_index,
             "metrics": dict(self._metrics),
+            "heartbeats": dict(self._heartbeats),
             "members": {
                 w.worker_id: {"rank": w.rank, "pid": w.pid, "status": w.status.value, "node": w.node_id,
                               "ip": w.ip, **w.facts, "heartbeat_age_s": now - w.last_heartbeat,

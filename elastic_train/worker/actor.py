@@ -161,9 +161,11 @@ class TrainWorker:
             ray.get(self._supervisor.storage_failed.remote(self.worker_id, unshared))
             self._stopped.set()
             return unshared
+        elastic = self._spec.elastic
         heartbeat = HeartbeatSender(
-            self._supervisor, self.worker_id, self._spec.elastic.heartbeat_interval_s,
-            lambda: self._generation, self._on_generation_ended, self._on_supervisor_gone,
+            self._supervisor, self.worker_id, self._node_id, elastic.heartbeat_interval_s,
+            elastic.heartbeat_reply_timeout_s, lambda: self._generation, self._on_generation_ended,
+            self._on_supervisor_gone,
         )
         heartbeat.start()
         outcome = Outcome(Exit.JOINED)

@@ -1,0 +1,139 @@
+"""Heartbeats as UDP datagrams (supervisor/heartbeats.py, worker/heartbeat.py): the wire format, the
+supervisor's endpoint on a real socket, and a worker's sender falling back to Ray calls while its
+datagrams go unanswered and back to datagrams once they are answered."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+import ray
+
+from elastic_train.protocol import TOKEN_BYTES, Beat, BeatReply, HeartbeatChannel, HeartbeatReply
+from elastic_train.supervisor.heartbeats import open_endpoint
+from elastic_train.worker.heartbeat import HeartbeatSender
+from tests.helpers import wait_for
+
+TOKEN = bytes(range(TOKEN_BYTES))
+
+
+@pytest.mark.timeout(10)
+def test_beats_and_replies_survive_the_wire_and_strays_are_dropped():
+    for generation in (None, 0, 41):
+        beat = Beat(TOKEN, 12345, 7, generation, 3.5e9, 97.5)
+        assert Beat.unpack(beat.pack()) == beat
+    for active, fenced in ((None, False), (3, True)):
+        answer = BeatReply(TOKEN, 9, 8, HeartbeatReply(active, fenced))
+        assert BeatReply.unpack(answer.pack()) == answer
+    packed = Beat(TOKEN, 1, 1, 0, 1.0, 1.0).pack()
+    for stray in (b"", packed[:-1], packed + b"x", b"XXXX" + packed[4:], BeatReply(TOKEN, 1, 1, HeartbeatReply(0)).pack()):
+        assert Beat.unpack(stray) is None, stray
+    assert BeatReply.unpack(packed) is None
+
+
+@pytest.mark.timeout(10)
+def test_the_endpoint_answers_beats_with_its_token_only():
+    async def scenario() -> list:
+        seen: list[Beat] = []
+
+        def answer(beat: Beat) -> HeartbeatReply | None:
+            seen.append(beat)
+            return None if beat.worker_id == 3 else HeartbeatReply(5, fenced=beat.worker_id == 2)
+
+        endpoint, channel = await open_endpoint("127.0.0.1", "node", answer)
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        client.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            for worker_id, token in ((1, channel.token), (2, channel.token), (3, channel.token), (4, TOKEN)):
+                client.sendto(Beat(token, worker_id, 10 + worker_id, 5, 1.0, 2.0).pack(), ("127.0.0.1", channel.port))
+            replies = []
+            deadline = loop.time() + 2
+            while len(replies) < 2 and loop.time() < deadline:
+                try:
+                    replies.append(BeatReply.unpack(await asyncio.wait_for(loop.sock_recv(client, 64), 0.5)))
+                except asyncio.TimeoutError:
+                    pass
+            try:  # nothing more comes: worker 3 was not answered, worker 4's token was not this endpoint's
+                replies.append(BeatReply.unpack(await asyncio.wait_for(loop.sock_recv(client, 64), 0.3)))
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            client.close()
+            endpoint.close()
+        assert [b.worker_id for b in seen] == [1, 2, 3]
+        return replies
+
+    replies = asyncio.run(scenario())
+    assert sorted((r.worker_id, r.seq, r.reply.active_generation, r.reply.fenced) for r in replies) == [
+        (1, 11, 5, False), (2, 12, 5, True)]
+    assert all(r.token != TOKEN for r in replies)
+
+
+@ray.remote(num_cpus=0)
+class _Supervisor:
+    """Plays the supervisor's Ray side for one sender: answers its heartbeat calls, naming a channel."""
+
+    def __init__(self, channel: HeartbeatChannel):
+        self._channel, self._calls = channel, []
+
+    def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
+        self._calls.append(time.monotonic())
+        return HeartbeatReply(active_generation=generation, channel=self._channel)
+
+    def calls(self) -> list[float]:
+        return self._calls
+
+
+@pytest.mark.timeout(60)
+def test_a_sender_heartbeats_through_ray_while_its_datagrams_go_unanswered(local_ray):
+    """The bound the config checks (heartbeat_reply_timeout_s + 2 intervals < heartbeat_timeout_s) holds:
+    with UDP blocked, Ray calls come no further apart than reply timeout + 2 intervals; answered
+    datagrams stop them; a fenced reply ends the generation."""
+    interval, reply_timeout = 0.2, 0.6
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    channel = HeartbeatChannel("192.0.2.1", listener.getsockname()[1], "this-node", TOKEN)  # on this node: loopback
+    supervisor = _Supervisor.remote(channel)
+    ended: list[int] = []
+    sender = HeartbeatSender(supervisor, 4, "this-node", interval, reply_timeout, lambda: 7, ended.append,
+                             lambda: ended.append(-1))
+    sender.start()
+    try:
+        listener.settimeout(0.1)
+        datagrams: list[Beat] = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:  # unanswered: the datagrams arrive, Ray calls keep the worker alive
+            try:
+                datagrams.append(Beat.unpack(listener.recv(64)))
+            except socket.timeout:
+                pass
+        calls = ray.get(supervisor.calls.remote())
+        assert len(calls) >= 3 and len(datagrams) >= 3, (calls, datagrams)
+        assert max(b - a for a, b in zip(calls, calls[1:])) < reply_timeout + 2 * interval, calls
+        assert {(b.worker_id, b.generation, b.token) for b in datagrams} == {(4, 7, TOKEN)}
+
+        def answer_for(seconds: float, fenced: bool = False) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                try:
+                    data, addr = listener.recvfrom(64)
+                except socket.timeout:
+                    continue
+                beat = Beat.unpack(data)
+                listener.sendto(BeatReply(TOKEN, beat.worker_id, beat.seq, HeartbeatReply(7, fenced)).pack(), addr)
+
+        answer_for(0.5)  # the first answered datagram switches it back
+        settled = len(ray.get(supervisor.calls.remote()))
+        answer_for(2.0)
+        assert len(ray.get(supervisor.calls.remote())) == settled, "Ray calls while datagrams were answered"
+        assert ended == []
+        answer_for(0.5, fenced=True)
+        wait_for(lambda: 7 in ended, 5, "the fenced reply to end generation 7")
+    finally:
+        sender.stop()
+        listener.close()
+        ray.kill(supervisor)
+
