@@ -1,12 +1,13 @@
-"""Goodput against the failure interval, elastic_train next to Ray Train.
+"""Goodput against the failure interval, elastic_train next to Ray Train and torchft.
 
 Why: a recovery that costs seconds matters little when machines fail once an hour and dominates
 when they fail every few seconds. Sweeping the interval between failures shows where each system's
 goodput (the compute time of the steps that count over wall time) falls off.
 
 What: the workload and the measurements of `benchmarks/preemption.py`, under a fixed schedule of
-`--faults` SIGKILLs of a random worker, one every T seconds, for each T of `--intervals`; both
-systems run the same schedule, one after the other.
+`--faults` SIGKILLs of a random worker, one every T seconds, for each T of `--intervals`; every
+system runs the same schedule, one after the other (torchft with its DDP comm hook patched: see
+`benchmarks.torchft_system`).
 
     python -m benchmarks.goodput_sweep --quick --out /tmp/bench_goodput
     python -m benchmarks.goodput_sweep --intervals 10,30,60 --faults 4 --out results/goodput_sweep
@@ -45,8 +46,12 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
     parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "goodput_sweep")
     args = parser.parse_args()
+    systems = args.systems.split(",")
+    if unknown := set(systems) - set(SYSTEMS):
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     intervals, count = ([10.0, 30.0], 2) if args.quick else ([float(x) for x in args.intervals.split(",")], args.faults)
@@ -58,7 +63,7 @@ def main() -> None:
         steps = int((faults[-1].at_s + interval) / args.step_time)
         folder = out / f"interval_{interval:g}s"
         folder.mkdir(parents=True, exist_ok=True)
-        report = run(list(SYSTEMS), faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
+        report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
                      {"interval_s": interval, "steps": steps, "step_time_s": args.step_time}, label="run",
                      with_plot=False)
         for s in report["systems"]:

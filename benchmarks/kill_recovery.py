@@ -1,4 +1,6 @@
-"""Kill -> next completed step, side by side: elastic_train's in-place recovery against Ray Train's restart.
+"""Kill -> next completed step, side by side: elastic_train's in-place recovery against Ray Train's
+restart and torchft's quorum-per-step (`benchmarks.torchft_system`: its own setup, live-state healing,
+no checkpoint in the loop; its DDP comm hook patched, see there).
 
 Why: elastic_train's claim is that losing a worker costs a fraction of a second (the survivors keep
 their process and resume from a checkpoint held in memory) where Ray Train tears the whole worker
@@ -8,7 +10,7 @@ one system after the other (this machine is noisy: compare the two columns, not 
 What: one loop, written once and parameterized by the API module it calls (`elastic_train` or
 `ray.train`): 2 workers, a small DDP model, a fixed step time, and a checkpoint every step (rank 0
 saves model + optimizer + step into a temporary directory and reports `Checkpoint.from_directory`,
-the other rank reports none: Ray Train's recommended pattern). It resumes from `get_checkpoint()`.
+the other rank reports none: Ray Train's recommended pattern). It resumes from `get_checkpoint()` (torchft: from a live peer's state).
 `--framework lightning|transformers` runs the same workload as a PyTorch Lightning or a Hugging Face
 Transformers loop instead (`benchmarks.lightning_loop`, `benchmarks.transformers_loop`), written the
 way each system's guide for that framework has it, reporting a checkpoint every step.
@@ -50,6 +52,7 @@ import ray.train
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
+from benchmarks import torchft_system
 from benchmarks.common import machine_facts, median_spread, spread
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
@@ -57,7 +60,7 @@ logger = logging.getLogger("benchmarks.kill_recovery")
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_WORKERS = 2
-SYSTEMS = ("elastic_train", "ray_train")
+SYSTEMS = ("elastic_train", "ray_train", "torchft")
 API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
 # The module whose train_loop(config) runs the workload, per framework.
 FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_loop",
@@ -72,7 +75,7 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
     log.mkdir(parents=True)
-    config = {"api": API[system], "log_dir": str(log), "kills": kills, "kill_every": kill_every,
+    config = {"api": API.get(system), "log_dir": str(log), "kills": kills, "kill_every": kill_every,
               "steps": kill_every * (kills + 1), "step_time": step_time}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train" and ray_poll_s is not None:
@@ -81,6 +84,9 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     try:
         started = time.monotonic()
+        if system == "torchft":
+            facts = torchft_system.run(config, NUM_WORKERS, workdir)
+            return {"system": system, "wall_s": round(time.monotonic() - started, 2), **facts, **measure(log)}
         if system == "ray_train":
             result = RayTorchTrainer(
                 train_loop, train_loop_config=config,
@@ -169,6 +175,10 @@ def main() -> None:
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
         parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if args.framework != "torch" and "torchft" in systems:
+        if args.systems != ",".join(SYSTEMS):
+            parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
+        systems.remove("torchft")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills

@@ -1,4 +1,4 @@
-"""Fault-free throughput: elastic_train against plain PyTorch DDP on the same model and loop.
+"""Fault-free throughput: elastic_train and torchft against plain PyTorch DDP on the same model and loop.
 
 Why: elastic_train's recovery is paid for on every step, failure or not: `report()` sends a call to
 the supervisor (and settles the previous one), a heartbeat thread runs beside the loop, and with a
@@ -19,6 +19,10 @@ writes them to a file in the run's log folder when the loop ends. Variants:
 * `elastic_train+checkpoint`: the same, and a checkpoint every step: rank 0 torch.saves model +
   optimizer state into a temporary directory and reports `Checkpoint.from_directory`, the other
   rank reports metrics only.
+* `torchft`: torchft 0.2.0 in its recommended setup (`benchmarks.torchft_system`: a Lighthouse, a
+  replica group per worker, its DDP and Optimizer wrappers, a quorum every step; its DDP comm hook
+  patched for gloo), the same model, batches and compute; no checkpoint (it heals from live peers).
+  Its steps' start times are those it logs for each committed step.
 
 Process and worker start-up are outside the timestamps. The first steps are skipped (warm-up).
 Per variant, from rank 0's step durations pooled over repeats: the median step time, steps/s
@@ -50,6 +54,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import elastic_train as et
+from benchmarks import torchft_system
 from benchmarks.common import build_model, free_port, machine_facts, train_step
 
 logger = logging.getLogger("benchmarks.overhead")
@@ -58,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_WORKERS = 2
 SKIP_STEPS = 5
 BASELINE = "plain_ddp"
-SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint")
+SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint", "torchft")
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -122,14 +127,21 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
         ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
         try:
-            et.TorchTrainer(
-                elastic_loop, train_loop_config=config,
-                scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS),
-                run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead"),
-            ).fit()
+            if system == "torchft":
+                torchft_system.run(config, NUM_WORKERS, workdir)
+            else:
+                et.TorchTrainer(
+                    elastic_loop, train_loop_config=config,
+                    scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS),
+                    run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead"),
+                ).fit()
         finally:
             ray.shutdown()
-    times = json.loads((log / "rank0.json").read_text())
+    if system == "torchft":
+        records = (json.loads(line) for line in (log / "progress.jsonl").read_text().splitlines())
+        times = sorted(r["start"] for r in records if r["rank"] == 0)
+    else:
+        times = json.loads((log / "rank0.json").read_text())
     return [b - a for a, b in zip(times, times[1:])][SKIP_STEPS:]
 
 

@@ -1,15 +1,20 @@
-"""Preemption benchmark: detection, resume time, lost work and goodput, elastic_train next to Ray Train.
+"""Preemption benchmark: detection, resume time, lost work and goodput, elastic_train next to Ray Train
+and torchft.
 
 Why: users pick a fault-tolerance layer on how fast training resumes after a failure, how much
 work a failure throws away, and what fraction of wall time is useful training. Ray Train is what
-they would use otherwise, so both run the same workload under the same fault schedule, one after
-the other in one invocation (this machine is noisy: compare the columns of one run).
+they would use otherwise, torchft the strongest in-place peer, so all three run the same workload
+under the same fault schedule, one after the other in one invocation (this machine is noisy: compare
+the columns of one run).
 
 Workload: one loop, written once against the API module it is given (`elastic_train` or
 `ray.train`): 2 workers, a small DDP model, `--step-time` seconds of simulated compute per step,
 and a checkpoint every step (rank 0 saves model + optimizer + step and reports
 `Checkpoint.from_directory`; the other rank reports metrics only), resumed from `get_checkpoint()`.
-Every rank logs each step's start and end.
+Every rank logs each step's start and end. torchft runs the same model, batches and compute in its
+own recommended setup, with no checkpoint in the loop (`benchmarks.torchft_system`: a Lighthouse, a
+replica group per worker, healing from a live peer, a killed replica relaunched by Ray; its DDP comm
+hook patched, else a SIGKILL kills the survivor on gloo).
 
 Fault schedule (seconds from the first step; the same for both systems), three segments:
   * fixed: a fault every `--interval` seconds;
@@ -22,12 +27,15 @@ in the last 2 seconds: the machine under it is gone, no notice.
 Per fault:
   * detect_s: the kill to the system noticing. elastic_train: the supervisor's `worker_lost` event.
     Ray Train: the surviving worker's process ending (Ray Train tears the group down once its
-    controller noticed), an upper bound.
+    controller noticed), an upper bound. torchft: a survivor's step not committed.
   * resume_s: the kill to the first step completed after it (a survivor finishing the step it was
     in when the kill came does not count).
   * steps_redone: steps rank 0 completed again after this fault (work lost).
-Per system, goodput: the compute time of the steps that count (each step's last run, rank 0, step
-start to end, without the report) over the loop's wall time (first step start to last step end).
+Per system, goodput: the useful time of the steps that count (each step's last run, rank 0), over the
+loop's wall time (first step start to last step end). A step's useful time is the median fault-free
+step (rank 0's steps at full size, start to end, without the report): a step that sat out a failure
+inside the system (torchft's first step after a kill waits in its quorum for the heartbeat timeout)
+counts no more than any other.
 
 Ray Train 2.60's controller polls workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default)
 and a report waits for the poll, which alone would cap it at one step per 2 s: it runs with
@@ -59,6 +67,7 @@ import ray.train
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
+from benchmarks import torchft_system
 from benchmarks.common import machine_facts, median_spread, spread, train_loop
 from chaos import schedules
 from chaos.traces import read_trace
@@ -68,7 +77,7 @@ logger = logging.getLogger("benchmarks.preemption")
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "chaos" / "data" / "oobleck-aws-g4dn-events.csv"
 NUM_WORKERS = 2
-SYSTEMS = ("elastic_train", "ray_train")
+SYSTEMS = ("elastic_train", "ray_train", "torchft")
 API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
 RECENT_S = 2.0  # a fault picks among workers that completed a step this recently
 
@@ -153,7 +162,7 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
     log.mkdir(parents=True)
-    config = {"api": API[system], "log_dir": str(log), "steps": steps, "step_time": step_time}
+    config = {"api": API.get(system), "log_dir": str(log), "steps": steps, "step_time": step_time}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train":
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
@@ -163,14 +172,17 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
     try:
         injector.start()
         started = time.monotonic()
-        if system == "ray_train":
+        if system == "torchft":
+            final_step = torchft_system.run(config, NUM_WORKERS, workdir)["final_step"]
+            noticed = torchft_system.uncommitted(log)
+        elif system == "ray_train":
             result = RayTorchTrainer(
                 train_loop, train_loop_config=config,
                 scaling_config=ray.train.ScalingConfig(num_workers=NUM_WORKERS),
                 run_config=ray.train.RunConfig(storage_path=storage, name=name,
                                                failure_config=ray.train.FailureConfig(max_failures=budget)),
             ).fit()
-            events: list[dict[str, Any]] = []
+            final_step, noticed = result.metrics.get("step"), None
         else:
             result = et.TorchTrainer(
                 train_loop, train_loop_config=config,
@@ -178,27 +190,28 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=budget)),
             ).fit()
-            events = result.events
+            final_step = result.metrics.get("step")
+            noticed = [e["time"] for e in result.events if e["kind"] == "worker_lost"]
         wall = time.monotonic() - started
     finally:
         injector.stop()
         ray.shutdown()
     progress = read_progress(log)
     (workdir / "faults.json").write_text(json.dumps(injector.injected, indent=1))
-    return {"system": system, "fit_wall_s": round(wall, 2), "final_step": result.metrics.get("step"),
-            **measure(system, progress, injector.injected, events)}
+    return {"system": system, "fit_wall_s": round(wall, 2), "final_step": final_step,
+            **measure(progress, injector.injected, noticed)}
 
 
-def measure(system: str, progress: list[dict[str, Any]], faults: list[dict[str, Any]],
-            events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per fault: detection, resume and steps redone; per system: goodput over the loop's wall time."""
+def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
+            noticed_at: list[float] | None) -> dict[str, Any]:
+    """Per fault: detection (the first of `noticed_at` after it; None: when the other workers' processes
+    ended), resume and steps redone; per system: goodput over the loop's wall time."""
     ends = [f["time"] for f in faults[1:]] + [float("inf")]
-    lost = sorted(e["time"] for e in events if e["kind"] == "worker_lost")
     detect: list[float | None] = []
     resume: list[float | None] = []
     for fault, end in zip(faults, ends):
-        if system == "elastic_train":
-            noticed = next((t for t in lost if t >= fault["time"]), None)
+        if noticed_at is not None:
+            noticed = next((t for t in sorted(noticed_at) if t >= fault["time"]), None)
         else:
             noticed = fault.get("others_ended")
         detect.append(round(noticed - fault["time"], 3) if noticed is not None and noticed < end else None)
@@ -215,9 +228,9 @@ def measure(system: str, progress: list[dict[str, Any]], faults: list[dict[str, 
             if before:
                 redone[before[-1]] += 1
         last_run[r["step"]] = r
-    useful = sum(r["time"] - r["start"] for r in last_run.values())
-    loop_wall = rank0[-1]["time"] - rank0[0]["start"]
     full = [r["time"] - r["start"] for r in rank0 if r["world_size"] == NUM_WORKERS]
+    useful = len(last_run) * statistics.median(full)
+    loop_wall = rank0[-1]["time"] - rank0[0]["start"]
     return {
         "faults": len(faults),
         "segments": [f["segment"] for f in faults],
@@ -228,7 +241,7 @@ def measure(system: str, progress: list[dict[str, Any]], faults: list[dict[str, 
         "goodput": round(useful / loop_wall, 3),
         "useful_s": round(useful, 2),
         "loop_wall_s": round(loop_wall, 2),
-        "step_compute_s_median": round(statistics.median(full), 4) if full else None,
+        "step_compute_s_median": round(statistics.median(full), 4),
         "per_segment": {
             seg: {"resume_s_median": spread("r", [v for v, f in zip(resume, faults) if f["segment"] == seg])["r_median"],
                   "steps_redone_total": sum(n for n, f in zip(redone, faults) if f["segment"] == seg)}
