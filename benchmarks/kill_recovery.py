@@ -23,6 +23,10 @@ rank logs every completed step, before `report()`. Per kill:
   step it was already in when the kill came does not count: it is not a recovery.
 * `full_size_s`: the kill to the first step completed by 2 workers again (elastic_train goes on
   with 1 and grows back when Ray has placed a new worker; Ray Train restarts with 2).
+* `grow_pause_s`: the survivors' longest pause when the group grows back: the time from the end of a
+  survivor's last step at 1 worker to the end of its first step at 2, less a normal step (rank 0's
+  median). Wherever the system makes it wait (elastic_train between steps, torchft inside the step,
+  in its quorum), it shows. Ray Train restarts every worker instead: no survivors, no figure.
 * `steps_redone`: the steps rank 0 completed a second time after this kill (and before the next).
 
 Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default)
@@ -113,8 +117,11 @@ def measure(log: Path) -> dict[str, Any]:
                       key=lambda r: r["time"])
     kill_records = sorted((json.loads(p.read_text()) for p in log.glob("kill_*.json")), key=lambda k: k["time"])
     ends = [k["time"] for k in kill_records[1:]] + [float("inf")]
+    rank0 = [r for r in progress if r["rank"] == 0]
+    step_s = statistics.median(b["time"] - a["time"] for a, b in zip(rank0, rank0[1:]) if b["step"] == a["step"] + 1)
     resume: list[float | None] = []
     full_size: list[float | None] = []
+    grow_pause: list[float | None] = []
     for kill, end in zip(kill_records, ends):
         old_pids = {r["pid"] for r in progress if r["time"] < kill["time"]}
         after = [r for r in progress if kill["time"] < r["time"] < end
@@ -122,23 +129,30 @@ def measure(log: Path) -> dict[str, Any]:
         resume.append(round(after[0]["time"] - kill["time"], 3) if after else None)
         full = next((r for r in after if r["world_size"] == NUM_WORKERS), None)
         full_size.append(round(full["time"] - kill["time"], 3) if full else None)
-    rank0 = [r for r in progress if r["rank"] == 0]
+        pauses = []
+        for pid in old_pids:
+            steps = [r for r in progress if r["pid"] == pid and r["time"] < end]
+            grown = next((i for i, r in enumerate(steps) if i and r["world_size"] == NUM_WORKERS
+                          and steps[i - 1]["world_size"] < NUM_WORKERS and r["time"] > kill["time"]), None)
+            if grown is not None:
+                pauses.append(steps[grown]["time"] - steps[grown - 1]["time"] - step_s)
+        grow_pause.append(round(max(pauses), 3) if pauses else None)
     redone = [0] * len(kill_records)
     seen: set[int] = set()
     for r in rank0:
         if r["step"] in seen:
             redone[max(i for i, k in enumerate(kill_records) if k["time"] < r["time"])] += 1
         seen.add(r["step"])
-    steps = [b["time"] - a["time"] for a, b in zip(rank0, rank0[1:]) if b["step"] == a["step"] + 1]
     return {
         "kills": len(kill_records),
         "kill_steps": [k["step"] for k in kill_records],
         **spread("resume_s", resume),
         **spread("full_size_s", full_size),
+        **spread("grow_pause_s", grow_pause),
         "steps_redone": redone,
         "steps_redone_median": statistics.median(redone),
         "steps_redone_total": sum(redone),
-        "step_s_median": round(statistics.median(steps), 3),
+        "step_s_median": round(step_s, 3),
         "rank0_steps_by_world_size": dict(sorted(Counter(r["world_size"] for r in rank0).items())),
     }
 
@@ -146,12 +160,14 @@ def measure(log: Path) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
     rows = ["| system | kills | kill -> next step: median (min-max) | kill -> 2 workers again: median (min-max) "
-            "| steps redone: total (median) | rank-0 steps at world size | step | wall |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| survivors' pause when growing: median (min-max) | steps redone: total (median) "
+            "| rank-0 steps at world size | step | wall |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in report["systems"]:
         sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
         rows.append(f"| {s['system']} | {s['kills']} | {median_spread(s, 'resume_s')} "
-                    f"| {median_spread(s, 'full_size_s')} | {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
+                    f"| {median_spread(s, 'full_size_s')} | {median_spread(s, 'grow_pause_s')} "
+                    f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
                     f"| {sizes} | {s['step_s_median']:.3f} s | {s['wall_s']:.1f} s |")
     return "\n".join(rows)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -51,7 +52,10 @@ def fault_once(config: dict, step: int, rank: int, point: str = "step_start") ->
 
 
 def linear_regression_loop(config: dict) -> None:
-    """A model fit step by step, a checkpoint reported every step, faults on request."""
+    """A model fit step by step, a checkpoint reported every step, faults on request. Each step's line
+    says whether the process had paid PyTorch's first-use costs before the loop began (`warm`:
+    worker/warmup.py)."""
+    warm = "torch._dynamo" in sys.modules  # the first optimizer imports it: 0.8 s a peer would wait for
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -77,7 +81,7 @@ def linear_regression_loop(config: dict) -> None:
         slow = config.get("slow_s", 0.0) if ctx.get_world_rank() == config.get("slow_rank") else 0.0
         time.sleep(config.get("step_time", 0.0) + slow)
         log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
-                     generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id())
+                     generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id(), warm=warm)
         fault_once(config, step, ctx.get_world_rank(), point="before_report")
         saves = not config.get("rank0_saves") or ctx.get_world_rank() == 0  # Ray Train's usual pattern
         et.report(

@@ -30,6 +30,7 @@ from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, 
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.replicator import Replicator
+from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
@@ -91,6 +92,7 @@ class TrainWorker:
         )
         ctx = ray.get_runtime_context()
         self._node_id, self._ip = ctx.get_node_id(), ray.util.get_node_ip_address()
+        warm_up(use_cuda=spec.backend == "nccl")  # before it can be given a place: its peers would wait for it
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
         # of one process are not ordered).
         ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid()))
