@@ -29,14 +29,18 @@ PAGE = HERE / "RESULTS.md"
 # name, what it measures, extra arguments for a quick run, for a full run
 BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
     ("preemption", "Detection, resume time, steps redone and goodput under one fault schedule (fixed, Poisson, "
-                   "a compressed real spot trace), next to Ray Train.", ["--quick"], []),
-    ("goodput_sweep", "Goodput against the interval between failures, next to Ray Train.", ["--quick"], []),
-    ("kill_recovery", "Kill -> next completed step, and back to full size, next to Ray Train.", ["--quick"],
+                   "a compressed real spot trace), next to Ray Train and torchft.", ["--quick"], []),
+    ("goodput_sweep", "Goodput against the interval between failures, next to Ray Train and torchft.", ["--quick"],
+     []),
+    ("kill_recovery", "Kill -> next completed step, back to full size, and the survivors' pause when the "
+                      "group grows, next to Ray Train and torchft.", ["--quick"],
      ["--kills", "10"]),
     ("checkpoint", "Checkpoint save/load throughput against a raw fsspec copy; training stall per report next to "
                    "Ray Train's report.", ["--quick"], []),
-    ("overhead", "Fault-free throughput against plain PyTorch DDP on the same model.", ["--quick"], []),
-    ("scale", "The supervisor with N simulated heartbeating workers: detection latency and its CPU.", ["--quick"],
+    ("overhead", "Fault-free throughput against plain PyTorch DDP on the same model, next to torchft.", ["--quick"],
+     []),
+    ("scale", "The supervisor with N simulated heartbeating workers, over UDP datagrams and over Ray calls: "
+               "detection latency and its CPU.", ["--quick"],
      []),
 ]
 
