@@ -102,9 +102,9 @@ def test_status_and_events_follow_on_a_live_run_from_another_process(local_ray, 
     workers = rows(status.stdout)
     assert [w[0] for w in workers] == ["0", "1"], status.stdout
     assert all(float(w[5].split()[0]) < 5 and w[9] == "-" for w in workers), status.stdout  # heartbeats fresh
-    # Datagrams carry the heartbeats; Ray calls are each worker's first (and a fallback, rarely needed here).
+    # Datagrams carry the heartbeats; a Ray call is each worker's first (and a fallback, rarely needed here).
     udp, calls = map(int, re.fullmatch(r"heartbeats received: (\d+) as datagrams, (\d+) as Ray calls", lines[-1]).groups())
-    assert udp >= 10 and calls <= udp / 4, lines[-1]
+    assert calls >= 2 and udp > calls, lines[-1]
     result = join(150)
     out, _ = follow.communicate(timeout=60)  # --follow returns once the run ended
     assert follow.returncode == 0 and [line.split()[1] for line in out.splitlines()][-1] == "run_ended"

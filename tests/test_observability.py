@@ -82,7 +82,9 @@ def test_metrics_in_rays_prometheus_endpoint_follow_the_run(metrics_cluster, run
     stalls, memory, heartbeats, uploads and commits per rank."""
     cluster, nodes, port = metrics_cluster
     elastic = et.ElasticConfig(metrics_interval_s=0.2, event_log_interval_s=0.2)
-    join = fit_in_background(make_trainer(run_dirs, (1, 2), steps=80, step_time=0.05, slow_rank=1, slow_s=0.2,
+    steps = 160
+    # Steps enough that the survivor alone cannot finish before a worker is placed on the new node and warmed up.
+    join = fit_in_background(make_trainer(run_dirs, (1, 2), steps=steps, step_time=0.05, slow_rank=1, slow_s=0.2,
                                           elastic=elastic))
     storage = RunStorage(run_dirs["storage"], "run")
     wait_for(lambda: metric(scrape(port), "straggler", rank="1") == 1, 90, "rank 1 flagged a straggler")
@@ -114,7 +116,7 @@ def test_metrics_in_rays_prometheus_endpoint_follow_the_run(metrics_cluster, run
     assert metric(samples, "checkpoint_committed_bytes_total") > 0
     assert 0 < metric(samples, "goodput") <= 1
     result = join(150)
-    assert result.error is None and result.metrics["step"] == 80
+    assert result.error is None and result.metrics["step"] == steps
     lost = [e for e in result.events if e["kind"] == "worker_lost"]
     assert [e["cause"] for e in lost] == ["died"], lost
 
