@@ -213,6 +213,10 @@ class ElasticConfig:
     heartbeat_reply_timeout_s: float = 1.0
     """A worker whose datagrams went unanswered this long heartbeats through a Ray call instead (UDP
     blocked, or the supervisor was restarted on another port: the call's reply names the new one)."""
+    report_interval_s: float = 0.25
+    """A `report()` at which no rank reported a checkpoint does not wait for the supervisor: each
+    worker sends such reports in one call per this interval (`worker/report_sender.py`). It is how
+    late the supervisor (progress, callbacks, metrics) may learn of them."""
     min_workers_timeout_s: float = 60.0
     """How long the run waits below `min` workers for capacity before it fails."""
     initial_placement_timeout_s: float = 30.0
@@ -341,6 +345,11 @@ class ElasticConfig:
                 f"heartbeat_timeout_s - 2 * heartbeat_interval_s = "
                 f"{self.heartbeat_timeout_s - 2 * self.heartbeat_interval_s:g} (a worker whose datagrams are lost "
                 "must fall back to Ray calls before it is declared lost). Adjust it, or set heartbeat_udp=False."
+            )
+        if self.progress_timeout_s is not None and self.report_interval_s >= self.progress_timeout_s:
+            raise ConfigError(
+                f"ElasticConfig.report_interval_s={self.report_interval_s} must be below progress_timeout_s="
+                f"{self.progress_timeout_s}: the watchdog would take the reports sent that late for a stalled loop."
             )
         unknown = set(self.preemption_pollers) - {"aws", "gcp", "azure"}
         if unknown:

@@ -180,6 +180,21 @@ class Pace(NamedTuple):
 
 
 @dataclass
+class Report:
+    """One `report()` of a worker, as the supervisor records it."""
+
+    generation: int
+    index: int
+    metrics: dict[str, Any]
+    names: list[str] | None  # the files of its checkpoint part; None: no checkpoint
+    loader_states: list[dict[str, Any]]
+    dir_name: str | None = None  # the folder the loop named (`checkpoint_dir_name`)
+    registered: bool = False  # the loop stored the checkpoint itself (NO_UPLOAD)
+    sync: bool = False  # SYNC: stored whatever the cadence
+    pace: Pace | None = None
+
+
+@dataclass
 class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized

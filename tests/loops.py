@@ -84,6 +84,7 @@ def linear_regression_loop(config: dict) -> None:
                      generation=ctx.get_generation(), step=step, node=ray.get_runtime_context().get_node_id(), warm=warm)
         fault_once(config, step, ctx.get_world_rank(), point="before_report")
         saves = not config.get("rank0_saves") or ctx.get_world_rank() == 0  # Ray Train's usual pattern
+        saves = saves and config.get("checkpoints", True)
         et.report(
             {"loss": loss.item(), "step": step},
             checkpoint=et.Checkpoint.from_dict(

@@ -41,6 +41,8 @@ def loop(config):
          "drain_timeout_s=10 must exceed rendezvous_timeout_s=30.*Raise drain_timeout_s"),
         (lambda: et.ElasticConfig(progress_timeout_s=0), "progress_timeout_s must be a positive number"),
         (lambda: et.ElasticConfig(process_group_destroy_timeout_s=25), "must be below rendezvous_timeout_s=20"),
+        (lambda: et.ElasticConfig(progress_timeout_s=0.2),
+         r"report_interval_s=0.25 must be below progress_timeout_s=0.2: the watchdog would take"),
         (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
     ],
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 import warnings
@@ -29,6 +30,7 @@ from elastic_train.protocol import (
     Outcome,
     Pace,
     PreemptionInfo,
+    Report,
     ReportRecord,
     ReportReply,
     ResumePlan,
@@ -44,7 +46,7 @@ from elastic_train.supervisor.event_log import EventLog
 from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor.heartbeats import HeartbeatEndpoint, open_endpoint
 from elastic_train.supervisor import notices
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
 from elastic_train.supervisor.pace import PaceWatch, peer_medians
 from elastic_train.supervisor.metrics import RunMetrics
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus, assign_ranks
@@ -291,7 +293,7 @@ class Supervisor:
         elif do is policy.Do.RESTART:
             self._restart(decision.reason)
         elif do is policy.Do.RESIZE:
-            self._resize_at = self._max_index + 1
+            self._resize_after(self._max_index + 1)
             self._event("resize_requested", at_report=self._resize_at, reason=decision.reason)
             self._transition(RunState.RESIZING)
         elif do is policy.Do.OPEN:
@@ -300,6 +302,15 @@ class Supervisor:
             self._transition(RunState.SCHEDULING, reason=decision.reason)
         elif do is policy.Do.FAIL:
             self._fail(decision.reason)
+
+    def _resize_after(self, index: int | None) -> None:
+        """Members leave the loop at report `index` (or the first after it), for the group to re-form;
+        None: not yet (the loop asks `get_preemption_info()` first). Reports without a checkpoint do
+        not wait for a reply, so each member is told."""
+        self._resize_at = index
+        if index is not None:
+            for m in self._members():
+                m.actor.unwind_at.remote(self._generation, index)
 
     def _raised(self) -> dict[int, BaseException]:
         """What the user's code raised on each rank of the current generation (a rank that raised
@@ -624,39 +635,49 @@ class Supervisor:
         active = self._generation if self._state in (RunState.RUNNING, RunState.RESIZING) else None
         return HeartbeatReply(active_generation=active, fenced=fenced)
 
-    async def report(
-        self,
-        worker_id: int,
-        generation: int,
-        index: int,
-        metrics: dict[str, Any],
-        names: list[str] | None,
-        loader_states: list[dict[str, Any]],
-        dir_name: str | None = None,
-        registered: bool = False,
-        sync: bool = False,
-        pace: Pace | None = None,
-    ) -> ReportReply:
-        """Record report `index` of a member. The reply waits until every member has made this report:
-        `report()` is a barrier, as in Ray Train (see `TrainSession.report`); a generation that ends
-        meanwhile answers it (refused)."""
+    async def report(self, worker_id: int, report: Report) -> ReportReply:
+        """Record a report of a member that carries a checkpoint, or comes with one of a peer's. The
+        reply waits until every member has made this report, and says whether to store the
+        checkpoint; a generation that ends meanwhile answers it (refused)."""
         w = await self._record(worker_id)
-        if w is None:
+        entry = self._record_report(w, report) if w is not None else None
+        if entry is None:
             return ReportReply(accepted=False)
+        if not entry.complete:
+            await self._barriers.setdefault(report.index, asyncio.Event()).wait()
+        if self._rejects(w, report.generation, report.index):
+            return ReportReply(accepted=False)
+        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist) and not entry.registered,
+                           replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
+                           list_stored=report.registered and w.rank == min(entry.registered_by))
+
+    async def reports(self, worker_id: int, batch: list[Report]) -> None:
+        """Reports of a member at which no rank reported a checkpoint: nothing to answer, so the
+        worker sends them in batches, in order (worker/report_sender.py)."""
+        w = await self._record(worker_id)
+        if w is not None:
+            for report in batch:
+                self._record_report(w, report)
+
+    def _record_report(self, w: WorkerRecord, report: Report) -> ReportEntry | None:
+        """Record a member's report in the ledger; once every member made it, it counts (history,
+        feed, pace) and its waiting peers are released. None: refused (a stale generation)."""
+        generation, index = report.generation, report.index
         if self._rejects(w, generation, index):
-            return ReportReply(accepted=False)
+            return None
         world_size = self._world_size
-        entry = self._ledger.record(generation, world_size, index, w.rank, worker_id, names, metrics, loader_states)
+        entry = self._ledger.record(generation, world_size, index, w.rank, w.worker_id, report.names, report.metrics,
+                                    report.loader_states)
         w.last_report = (index, time.monotonic())
-        if pace is not None:
-            self._paces.setdefault((generation, index), {})[worker_id] = pace
-        entry.dir_name = entry.dir_name or dir_name
-        if registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
+        if report.pace is not None:
+            self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace
+        entry.dir_name = entry.dir_name or report.dir_name
+        if report.registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
             entry.registered = entry.persist = True
             entry.registered_by.add(w.rank)
-        elif names is not None and entry.persist is None:
+        elif report.names is not None and entry.persist is None:
             # A SYNC report waits for its commit: it is stored whatever the cadence.
-            entry.persist = sync or self._cadence.choose(index, time.monotonic())
+            entry.persist = report.sync or self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
         if entry.complete and not entry.made:  # made once every rank made it: then it counts
             entry.made = True
@@ -676,13 +697,7 @@ class Supervisor:
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
-        elif not entry.complete:
-            await self._barriers.setdefault(index, asyncio.Event()).wait()
-        if self._rejects(w, generation, index):
-            return ReportReply(accepted=False)
-        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist) and not entry.registered,
-                           replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
-                           list_stored=registered and w.rank == min(entry.registered_by))
+        return entry
 
     def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
         """Report `index`, which every member made, with each one's pace: flag stragglers and growing
@@ -842,7 +857,7 @@ class Supervisor:
                            f"{self._failure.max_preemption_failures}")
                 return
             asks = self._generation in self._notices.asked_in
-            self._resize_at = None if asks else self._max_index + 1
+            self._resize_after(None if asks else self._max_index + 1)
             self._transition(RunState.RESIZING, reason=f"worker {w.worker_id} preempted",
                              at="the report after get_preemption_info()" if asks else "the next report")
         elif not self._is_member(w):
@@ -864,7 +879,7 @@ class Supervisor:
             lambda _: notices.preemption_info(self._leaving()), self._elastic.preemption_info_timeout_s,
             f"get_preemption_info() call {call}", "preemption_info_timeout_s")
         if info is not None and self._state is RunState.RESIZING and self._resize_at is None:
-            self._resize_at = index + 1  # the loop saw the notice: it re-forms after its next report
+            self._resize_after(index + 1)  # the loop saw the notice: it re-forms after its next report
             self._event("resize_requested", at_report=self._resize_at, reason="the loop saw the preemption notice")
         return accepted, info
 
@@ -940,6 +955,7 @@ class Supervisor:
         now = time.monotonic()
         return {
             "state": self._state.value,
+            "pid": os.getpid(),
             "generation": self._generation,
             "world_size": self._world_size,
             "index": self._max_index,

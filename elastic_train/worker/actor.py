@@ -20,7 +20,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
@@ -30,11 +30,13 @@ from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, 
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.replicator import Replicator
+from elastic_train.worker.report_sender import ReportSender
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
     GenerationEnded,
+    PeerLost,
     TrainSession,
     set_session,
 )
@@ -71,11 +73,13 @@ class TrainWorker:
         self._memory = CheckpointMemory(spec.elastic.checkpoints_in_memory)
         self._replicas = CheckpointMemory(spec.elastic.checkpoints_in_memory)  # peers' parts (replicator.py)
         self._replicator = Replicator(self._send_replica)
+        self._reports = ReportSender(self._send_reports, spec.elastic.report_interval_s)
         self._group = GenerationProcessGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s,
             spec.elastic.process_group_destroy_timeout_s,
         )
         self._generation: int | None = None
+        self._unwind_at: tuple[int, int] | None = None  # (generation, report index): leave the loop there
         self._assignment: Assignment | None = None  # the last generation's place
         self._session: TrainSession | None = None  # the last generation's session
         self._stopped = threading.Event()
@@ -104,6 +108,18 @@ class TrainWorker:
     def end_generation(self, generation: int) -> None:
         """The supervisor ends `generation`: fail its collectives so the loop unwinds."""
         self._on_generation_ended(generation)
+
+    def unwind_at(self, generation: int, index: int) -> None:
+        """The supervisor re-forms the group: leave `generation`'s loop at the first report numbered
+        `index` or later. Every rank learns it at its own time; report()'s barrier makes them leave
+        after the same report."""
+        at = self._unwind_at
+        if at is None or at[0] != generation or index < at[1]:
+            self._unwind_at = (generation, index)
+
+    def _unwind_due(self, generation: int, index: int) -> bool:
+        at = self._unwind_at
+        return at is not None and at[0] == generation and index >= at[1]
 
     def _on_preemption_notice(self, source: str, seconds_left: float | None) -> None:
         self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
@@ -189,6 +205,7 @@ class TrainWorker:
             self._notices.stop()
             self._persister.close(self._spec.elastic.drain_timeout_s)
             self._replicator.close()
+            self._reports.close()
             self._stopped.set()
 
     def _run_generation(self, assignment: Assignment) -> Outcome:
@@ -208,7 +225,11 @@ class TrainWorker:
             self._keep_snapshot,
             self.read_checkpoint,
             lambda part: self._persister.submit(part, cancelled=self._ended.is_set),
+            self._reports.submit,
+            self._reports.flush,
             self._ended.is_set,
+            lambda index: self._unwind_due(generation, index),
+            lambda index: self.unwind_at(generation, index),
             self._spec.storage,
             self._spec.elastic.persist_flush_timeout_s,
             self._spec.initial_checkpoint,
@@ -225,6 +246,9 @@ class TrainWorker:
                 returned = self._spec.train_fn(self._spec.train_config)
             self._flush_last_checkpoint(session)
             outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
+        except PeerLost:
+            outcome = Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
+                              traceback.format_exc())
         except GenerationEnded:
             outcome = Outcome(Exit.UNWOUND, generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor
@@ -239,6 +263,9 @@ class TrainWorker:
             session.close()
             self._generation = None
             self._group.leave()
+            if not self._reports.flush(self._spec.elastic.drain_timeout_s):  # recorded before this worker parks
+                logger.warning("worker %d: reports of generation %d not received by the supervisor within "
+                               "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
@@ -247,6 +274,9 @@ class TrainWorker:
         self._memory.put(held, files)
         if self._assignment is not None and self._assignment.buddy is not None:
             self._replicator.submit(self._assignment.buddy, held, files)
+
+    def _send_reports(self, batch: list[Report]) -> None:
+        ray.get(self._supervisor.reports.remote(self.worker_id, batch))
 
     def _send_replica(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)

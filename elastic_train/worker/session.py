@@ -1,8 +1,10 @@
 """What the user's loop talks to inside a worker: report, get_checkpoint, get_context.
 
 One `TrainSession` lives per generation. `report()` keeps an in-memory snapshot of the checkpoint
-(the state survivors resume from), tells the supervisor, hands the snapshot to the persister, and
-unwinds the loop with `GenerationEnded` when the group is about to be re-formed.
+(the state survivors resume from), waits for every rank at a barrier over the process group
+(report_barrier.py), tells the supervisor, hands the snapshot to the persister, and unwinds the loop
+with `GenerationEnded` when the group is about to be re-formed. A report without a checkpoint does
+not wait for the supervisor: its metrics are sent and the loop goes on.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_file
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.errors import CheckpointError
-from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, ReportReply, ResumePlan
+from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.persister import PartUpload
+from elastic_train.worker.report_barrier import Agreed, agree
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,11 @@ class GenerationEnded(BaseException):
 
     A BaseException, so that the user's `except Exception:` does not swallow it.
     """
+
+
+class PeerLost(GenerationEnded):
+    """`report()`'s barrier failed while the generation still ran: a peer was lost (its connection
+    closed) before the supervisor knew. The loop unwinds as from any failed collective."""
 
 
 class StatefulLoader(Protocol):
@@ -100,7 +108,11 @@ class TrainSession:
         keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         persist: Callable[[PartUpload], float | None],
+        send_report: Callable[[Report], None],
+        flush_reports: Callable[[float], bool],
         generation_ended: Callable[[], bool],
+        unwind_due: Callable[[int], bool],
+        unwind_at: Callable[[int], None],
         storage: RunStorage,
         settle_timeout_s: float,
         initial_checkpoint: Checkpoint | None = None,
@@ -111,7 +123,11 @@ class TrainSession:
         self._keep = keep
         self._read_held = read_held
         self._persist = persist
+        self._send_report = send_report  # a report that needs no reply, sent in the background (report_sender.py)
+        self._flush_reports = flush_reports
         self._generation_ended = generation_ended
+        self._unwind_due = unwind_due  # was this worker asked to leave the loop at report `index`?
+        self._unwind_at = unwind_at  # leave it at report `index` (or the first after)
         self._storage = storage
         self._settle_timeout_s = settle_timeout_s  # how long SYNC / NO_UPLOAD reports wait for their commit
         self._initial_checkpoint = initial_checkpoint  # resume_from_checkpoint: while the run has none of its own
@@ -133,12 +149,13 @@ class TrainSession:
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
                dir_name: str | None = None, mode: CheckpointUploadMode = CheckpointUploadMode.ASYNC, delete_local: bool = False,
                upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None) -> None:
-        """Snapshot the checkpoint, tell the supervisor, hand the part to the persister; return once
-        every rank has made this report (and, for SYNC and NO_UPLOAD, once the checkpoint is
-        committed). `report()` is a barrier, as in Ray Train: no rank runs a step ahead of a lost
-        peer's last report, even in a loop with no collective, so at most one step is redone; and
-        the newest checkpoint every rank reported is the oldest this worker may still need, never
-        evicted by the snapshot kept here."""
+        """Snapshot the checkpoint, wait for every rank, tell the supervisor, hand the part to the
+        persister; return once every rank has made this report (and, for SYNC and NO_UPLOAD, once the
+        checkpoint is committed). `report()` is a barrier, as in Ray Train: no rank runs a step ahead
+        of a lost peer's last report, even in a loop with no collective, so at most one step is
+        redone; and the newest checkpoint every rank reported is the oldest this worker may still
+        need, never evicted by the snapshot kept here. When no rank reports a checkpoint, the metrics
+        go to the supervisor in the background: the report costs one small all-reduce."""
         if self._generation_ended():
             raise GenerationEnded()
         pace = Pace(self._enter_barrier(), float(_PROCESS.memory_info().rss), self._stall_s)
@@ -179,29 +196,47 @@ class TrainSession:
         if files is not None:
             self._keep(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
                                       loader_states), files)
-        reply = self._supervisor.report.remote(
-            self.worker_id, assignment.generation, self.index, dict(metrics),
-            sorted(files) if files is not None else None, loader_states, dir_name, registered,
-            mode is CheckpointUploadMode.SYNC, pace)
+        agreed = self._agree(checkpoint is not None)
+        report = Report(assignment.generation, self.index, dict(metrics), sorted(files) if files is not None else None,
+                        loader_states, dir_name, registered, mode is CheckpointUploadMode.SYNC, pace)
+        if not agreed.checkpoint:  # nothing to decide: the supervisor records it in the background
+            self._send_report(report)
+            if agreed.unwind:
+                raise GenerationEnded()
+            return
+        self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
+        reply = self._supervisor.report.remote(self.worker_id, report)
         part = PartUpload(assignment.generation, self.index, files) if files is not None else None
         unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
-        if unwind:
+        if unwind or agreed.unwind:
             raise GenerationEnded()
+
+    def _agree(self, checkpoint: bool) -> Agreed:
+        """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
+        try:
+            return agree(checkpoint, self._unwind_due(self.index))
+        except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
+            if self._generation_ended():
+                raise GenerationEnded() from exc
+            raise PeerLost(f"report {self.index}'s barrier failed: {exc}") from exc
 
     def preemption_info(self) -> PreemptionInfo | None:
         """The same answer on every rank (see supervisor/notices.py)."""
         self._preemption_calls += 1
-        return self._agree(self._supervisor.preemption_info, self._preemption_calls)
+        info = self._agree_with_supervisor(self._supervisor.preemption_info, self._preemption_calls)
+        if info is not None:  # the loop saw the notice: the group re-forms after its next report
+            self._unwind_at(self.index + 1)
+        return info
 
     def collective(self, data: Any = None) -> Any:
         """A barrier across the ranks that returns rank 0's `data` (see supervisor/agreement.py)."""
         self._collective_calls += 1
-        return self._agree(self._supervisor.collective, self._collective_calls,
+        return self._agree_with_supervisor(self._supervisor.collective, self._collective_calls,
                            data if self.context.assignment.rank == 0 else None)
 
-    def _agree(self, method: Any, call: int, *brought: Any) -> Any:
+    def _agree_with_supervisor(self, method: Any, call: int, *brought: Any) -> Any:
         """Call number `call` of a supervisor `method` that every rank makes alike; unwinds the loop
         when the generation ends."""
         if self._generation_ended():

@@ -1,0 +1,44 @@
+"""`report()`'s barrier, over the generation's own process group.
+
+Every rank calls `report()` alike (as in Ray Train), and no rank may leave report `k` before every
+rank has made it: then no rank runs a step past a lost peer's last report, so at most one step is
+redone even in a loop with no collective. The supervisor used to be that barrier, a Ray round trip
+per report (~5 ms a step on 2 cores). Here it is one all-reduce of two flags over the group the
+loop already has, which also carries what every rank must decide alike:
+
+* `checkpoint`: some rank reports a checkpoint, so every rank takes the round trip through the
+  supervisor, which decides whether it is stored and answers once it is recorded;
+* `unwind`: some rank was asked to leave the loop at this report (the group is being resized):
+  all ranks leave after the same report.
+
+A lost peer makes the all-reduce fail (gloo: its connection closes; a hung one: the supervisor
+aborts the group); the loop then unwinds like any failed collective. Its wait is bounded by
+`ElasticConfig.collective_timeout_s`, like every collective of the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What every rank decided together at one report."""
+
+    checkpoint: bool  # some rank reports a checkpoint
+    unwind: bool  # some rank was asked to unwind at this report
+
+
+def agree(checkpoint: bool, unwind: bool) -> Agreed:
+    """The group's decision from this rank's flags: an all-reduce (MAX) of them, a barrier."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return Agreed(checkpoint, unwind)
+    # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flags = torch.tensor([int(checkpoint), int(unwind)], dtype=torch.int32, device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    any_checkpoint, any_unwind = flags.tolist()
+    return Agreed(bool(any_checkpoint), bool(any_unwind))
