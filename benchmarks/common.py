@@ -3,6 +3,7 @@ recorded next to their figures."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -39,6 +40,23 @@ def median_spread(report: dict[str, Any], name: str) -> str:
     return f"{report[f'{name}_median']:.3f} s ({report[f'{name}_min']:.3f}-{report[f'{name}_max']:.3f})"
 
 
+def add_systems_option(parser: argparse.ArgumentParser, systems: tuple[str, ...]) -> None:
+    parser.add_argument("--systems", default=",".join(systems), help="comma-separated, of: " + ", ".join(systems))
+
+
+def chosen_systems(parser: argparse.ArgumentParser, args: argparse.Namespace, systems: tuple[str, ...]) -> list[str]:
+    """The systems `--systems` names, in its order; an unknown one is a usage error."""
+    chosen = args.systems.split(",")
+    if unknown := set(chosen) - set(systems):
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(systems)}")
+    return chosen
+
+
+def add_checkpoint_every_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint-every", type=int, default=1,
+                        help="rank 0 reports a checkpoint every this many steps (and at the last), every system alike")
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -69,7 +87,8 @@ def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
 def train_loop(config: dict[str, Any]) -> None:
     """The benchmarks' workload, against the API module `config["api"]` names ("elastic_train" or
     "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
-    checkpoint every step (Ray Train's usual pattern), resumed from `get_checkpoint()`. Every rank
+    checkpoint every `checkpoint_every` steps (default 1; Ray Train's usual pattern), resumed from
+    `get_checkpoint()`; the other reports carry metrics only. Every rank
     logs each step's start and end to `<log_dir>/progress.jsonl` before reporting. With `kills` and
     `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
     api = importlib.import_module(config["api"])
@@ -97,7 +116,8 @@ def train_loop(config: dict[str, Any]) -> None:
         with open(log / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         metrics = {"loss": loss.item(), "step": step}
-        if rank != 0:
+        due = step % config.get("checkpoint_every", 1) == 0 or step == config["steps"]
+        if rank != 0 or not due:
             api.report(metrics)
             continue
         with tempfile.TemporaryDirectory() as d:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_facts
+from benchmarks.common import add_checkpoint_every_option, add_systems_option, chosen_systems, machine_facts
 from benchmarks.preemption import ROOT, SYSTEMS, Fault, run
 
 logger = logging.getLogger("benchmarks.goodput_sweep")
@@ -46,12 +46,11 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
     parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
+    add_systems_option(parser, SYSTEMS)
+    add_checkpoint_every_option(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "goodput_sweep")
     args = parser.parse_args()
-    systems = args.systems.split(",")
-    if unknown := set(systems) - set(SYSTEMS):
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = chosen_systems(parser, args, SYSTEMS)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     intervals, count = ([10.0, 30.0], 2) if args.quick else ([float(x) for x in args.intervals.split(",")], args.faults)
@@ -65,16 +64,17 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
                      {"interval_s": interval, "steps": steps, "step_time_s": args.step_time}, label="run",
-                     with_plot=False)
+                     with_plot=False, checkpoint_every=args.checkpoint_every)
         for s in report["systems"]:
             points.append({"interval_s": interval, "system": s["system"], "goodput": s["goodput"],
                            "resume_s_median": s["resume_s_median"], "steps_redone_total": s["steps_redone_total"],
                            "faults": s["faults"]})
     summary = {"benchmark": "goodput_sweep", "faults_per_interval": count, "step_time_s": args.step_time,
+               "checkpoint_every": args.checkpoint_every,
                "ray_train_health_check_interval_s": args.ray_poll_s, "machine": machine_facts(),
                "total_wall_s": round(time.monotonic() - started, 2), "points": points}
     (out / "goodput_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n" + table(summary))
+    print(f"\nrank 0 reports a checkpoint every {args.checkpoint_every} step(s); torchft keeps none\n" + table(summary))
     print(f"\ntotal {summary['total_wall_s']:.1f} s; {out / 'goodput_sweep.json'}")
 
 

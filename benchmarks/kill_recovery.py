@@ -57,7 +57,7 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import machine_facts, median_spread, spread
+from benchmarks.common import add_systems_option, chosen_systems, machine_facts, median_spread, spread
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -183,14 +183,12 @@ def main() -> None:
                         help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
+    add_systems_option(parser, SYSTEMS)
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for kill_recovery.json and each system's logs and checkpoints "
                              "(default: results/kill_recovery, with _<framework> for a framework other than torch)")
     args = parser.parse_args()
-    systems = args.systems.split(",")
-    if unknown := set(systems) - set(SYSTEMS):
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = chosen_systems(parser, args, SYSTEMS)
     if args.framework != "torch" and "torchft" in systems:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")

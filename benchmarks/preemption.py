@@ -68,7 +68,15 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import machine_facts, median_spread, spread, train_loop
+from benchmarks.common import (
+    add_checkpoint_every_option,
+    add_systems_option,
+    chosen_systems,
+    machine_facts,
+    median_spread,
+    spread,
+    train_loop,
+)
 from chaos import schedules
 from chaos.traces import read_trace
 
@@ -156,13 +164,14 @@ class FaultInjector(threading.Thread):
 
 
 def run_system(system: str, faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
-               out: Path) -> dict[str, Any]:
+               out: Path, checkpoint_every: int = 1) -> dict[str, Any]:
     """Run the loop under `system` on a fresh Ray instance, injecting `faults`; returns its measurements."""
     workdir = out / system
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
     log.mkdir(parents=True)
-    config = {"api": API.get(system), "log_dir": str(log), "steps": steps, "step_time": step_time}
+    config = {"api": API.get(system), "log_dir": str(log), "steps": steps, "step_time": step_time,
+              "checkpoint_every": checkpoint_every}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train":
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
@@ -291,13 +300,14 @@ def plot(results: list[dict[str, Any]], out: Path, bin_s: float = 1.0) -> Path:
 
 
 def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
-        out: Path, settings: dict[str, Any], label: str = "preemption", with_plot: bool = True) -> dict[str, Any]:
+        out: Path, settings: dict[str, Any], label: str = "preemption", with_plot: bool = True,
+        checkpoint_every: int = 1) -> dict[str, Any]:
     """Every system under the same schedule; writes `<label>.json` (and the plot) to `out`."""
     started = time.monotonic()
     results = []
     for system in systems:
         logger.info("%s: %d faults, %d steps", system, len(faults), steps)
-        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out)
+        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out, checkpoint_every)
         res["_progress"] = read_progress(out / system / "log")
         res["_faults"] = json.loads((out / system / "faults.json").read_text())
         results.append(res)
@@ -306,6 +316,7 @@ def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, r
     report = {
         "benchmark": label,
         **settings,
+        "checkpoint_every": checkpoint_every,
         "planned_faults": [asdict(f) for f in faults],
         "total_wall_s": round(time.monotonic() - started, 2),
         "machine": machine_facts(),
@@ -334,12 +345,11 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
     parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
+    add_systems_option(parser, SYSTEMS)
+    add_checkpoint_every_option(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "preemption")
     args = parser.parse_args()
-    systems = args.systems.split(",")
-    if unknown := set(systems) - set(SYSTEMS):
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = chosen_systems(parser, args, SYSTEMS)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     per_segment, interval = (2, 20.0) if args.quick else (args.per_segment, args.interval)
@@ -351,7 +361,8 @@ def main() -> None:
     settings = {"step_time_s": args.step_time, "steps": steps, "interval_s": interval, "per_segment": per_segment,
                 "trace": TRACE.name, "trace_compress": args.compress, "seed": args.seed,
                 "ray_train_health_check_interval_s": args.ray_poll_s}
-    report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, out, settings)
+    report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, out, settings,
+                 checkpoint_every=args.checkpoint_every)
     print("\n" + table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'preemption.json'}, {out / 'preemption.png'}")
 

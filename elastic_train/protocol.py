@@ -122,13 +122,14 @@ class HeartbeatReply:
 
 TOKEN_BYTES = 16
 _NONE = -1  # a generation of None on the wire (generations count from 0)
-_BEAT = struct.Struct(f"!4s{TOKEN_BYTES}sIIidf")  # magic, token, worker id, seq, generation, RSS, CPU %
+_BEAT = struct.Struct(f"!4s{TOKEN_BYTES}sIIidfi")  # magic, token, worker id, seq, generation, RSS, CPU %, report index
 _REPLY = struct.Struct(f"!4s{TOKEN_BYTES}sIIi?")  # magic, token, worker id, seq, active generation, fenced
-_BEAT_MAGIC, _REPLY_MAGIC = b"ETb1", b"ETr1"
+_BEAT_MAGIC, _REPLY_MAGIC = b"ETb2", b"ETr1"
 
 
 class Beat(NamedTuple):
-    """A heartbeat datagram: a worker alive, the generation it runs (None: parked), its process facts."""
+    """A heartbeat datagram: a worker alive, the generation it runs (None: parked), its process facts,
+    and the newest report its loop entered in that generation (-1: none known)."""
 
     token: bytes
     worker_id: int
@@ -136,18 +137,20 @@ class Beat(NamedTuple):
     generation: int | None
     rss_bytes: float
     cpu_percent: float
+    report_index: int = -1
 
     def pack(self) -> bytes:
         return _BEAT.pack(_BEAT_MAGIC, self.token, self.worker_id, self.seq,
-                          _NONE if self.generation is None else self.generation, self.rss_bytes, self.cpu_percent)
+                          _NONE if self.generation is None else self.generation, self.rss_bytes, self.cpu_percent,
+                          self.report_index)
 
     @classmethod
     def unpack(cls, data: bytes) -> "Beat | None":
         """The beat in `data`; None for anything else (a stray or truncated datagram)."""
         if len(data) != _BEAT.size or not data.startswith(_BEAT_MAGIC):
             return None
-        _, token, worker_id, seq, generation, rss, cpu = _BEAT.unpack(data)
-        return cls(token, worker_id, seq, None if generation == _NONE else generation, rss, cpu)
+        _, token, worker_id, seq, generation, rss, cpu, index = _BEAT.unpack(data)
+        return cls(token, worker_id, seq, None if generation == _NONE else generation, rss, cpu, index)
 
 
 class BeatReply(NamedTuple):

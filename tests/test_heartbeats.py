@@ -21,8 +21,8 @@ TOKEN = bytes(range(TOKEN_BYTES))
 
 @pytest.mark.timeout(10)
 def test_beats_and_replies_survive_the_wire_and_strays_are_dropped():
-    for generation in (None, 0, 41):
-        beat = Beat(TOKEN, 12345, 7, generation, 3.5e9, 97.5)
+    for generation, index in ((None, -1), (0, 0), (41, 123456)):
+        beat = Beat(TOKEN, 12345, 7, generation, 3.5e9, 97.5, index)
         assert Beat.unpack(beat.pack()) == beat
     for active, fenced in ((None, False), (3, True)):
         answer = BeatReply(TOKEN, 9, 8, HeartbeatReply(active, fenced))
@@ -98,8 +98,8 @@ def test_a_sender_heartbeats_through_ray_while_its_datagrams_go_unanswered(local
     channel = HeartbeatChannel("192.0.2.1", listener.getsockname()[1], "this-node", TOKEN)  # on this node: loopback
     supervisor = _Supervisor.remote(channel)
     ended: list[int] = []
-    sender = HeartbeatSender(supervisor, 4, "this-node", interval, reply_timeout, lambda: 7, ended.append,
-                             lambda: ended.append(-1))
+    sender = HeartbeatSender(supervisor, 4, "this-node", interval, reply_timeout, lambda: 7,
+                             lambda generation: 30 + generation, ended.append, lambda: ended.append(-1))
     sender.start()
     try:
         listener.settimeout(30)  # the first datagram follows the bootstrap call (the stand-in actor starts first)
@@ -116,7 +116,8 @@ def test_a_sender_heartbeats_through_ray_while_its_datagrams_go_unanswered(local
         # A call comes at most an interval after the reply timeout ran out, plus the call's own time (0.5 s
         # allowed on a loaded machine): well within any heartbeat_timeout_s the config accepts.
         assert max(b - a for a, b in zip(calls, calls[1:])) < reply_timeout + 2 * interval + 0.5, calls
-        assert {(b.worker_id, b.generation, b.token) for b in datagrams} == {(4, 7, TOKEN)}
+        # Each names the worker, its generation and the report its loop entered there (for the watchdog).
+        assert {(b.worker_id, b.generation, b.token, b.report_index) for b in datagrams} == {(4, 7, TOKEN, 37)}
 
         def answer_for(seconds: float, fenced: bool = False) -> None:
             until = time.monotonic() + seconds

@@ -619,7 +619,7 @@ class Supervisor:
         if not self._adopted.is_set():
             return None
         self._heartbeats["udp"] += 1
-        facts = {"rss_bytes": beat.rss_bytes, "cpu_percent": beat.cpu_percent}
+        facts = {"rss_bytes": beat.rss_bytes, "cpu_percent": beat.cpu_percent, "report_index": beat.report_index}
         return self._heartbeat(self._pool.records.get(beat.worker_id), beat.worker_id, beat.generation, facts)
 
     def _heartbeat(self, w: WorkerRecord | None, worker_id: int, generation: int | None,
@@ -632,6 +632,9 @@ class Supervisor:
         else:
             w.last_heartbeat = time.monotonic()
             w.facts = facts
+            entered = int(facts.get("report_index", -1))  # a report still on its way, or held in the barrier
+            if generation == self._generation and self._is_member(w) and entered > w.last_report[0]:
+                w.last_report = (entered, w.last_heartbeat)
         active = self._generation if self._state in (RunState.RUNNING, RunState.RESIZING) else None
         return HeartbeatReply(active_generation=active, fenced=fenced)
 
@@ -819,7 +822,8 @@ class Supervisor:
         the hand-over of a leaving worker). `parked`: it took it out of a generation, where nothing is
         evicted, so it still holds it."""
         w = await self._record(worker_id)
-        self._ledger.record_replica(generation, index, worker_id, names)
+        self._ledger.record_replica(generation, index, worker_id, names,
+                                    self._world_size if generation == self._generation else None)
         if parked and w is not None and w.status is WorkerStatus.PARKED:
             w.holds.add((generation, index))
 

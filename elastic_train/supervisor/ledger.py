@@ -91,8 +91,13 @@ class CheckpointLedger:
             entry.loader_states = loader_states
         return entry
 
-    def record_replica(self, generation: int, index: int, worker_id: int, names: list[str]) -> None:
+    def record_replica(self, generation: int, index: int, worker_id: int, names: list[str],
+                       world_size: int | None = None) -> None:
+        """A worker keeps a copy of a peer's part. For the running generation (its `world_size` given)
+        it may say so before the report itself is recorded: the entry is opened then."""
         entry = self.entries.get(index)
+        if entry is None and world_size is not None:
+            entry = self.entries[index] = ReportEntry(generation, world_size)
         if entry is not None and entry.generation == generation:
             entry.replicas[worker_id] = sorted(set(entry.replicas.get(worker_id, [])) | set(names))
 

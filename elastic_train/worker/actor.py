@@ -117,6 +117,13 @@ class TrainWorker:
         if at is None or at[0] != generation or index < at[1]:
             self._unwind_at = (generation, index)
 
+    def _report_index(self, generation: int | None) -> int:
+        """The newest report the loop entered in `generation` (-1: not in it, or its session not begun)."""
+        session = self._session
+        if generation is None or session is None or session.context.assignment.generation != generation:
+            return -1
+        return session.index
+
     def _unwind_due(self, generation: int, index: int) -> bool:
         at = self._unwind_at
         return at is not None and at[0] == generation and index >= at[1]
@@ -182,7 +189,7 @@ class TrainWorker:
         elastic = self._spec.elastic
         heartbeat = HeartbeatSender(
             self._supervisor, self.worker_id, self._node_id, elastic.heartbeat_interval_s,
-            elastic.heartbeat_reply_timeout_s, lambda: self._generation, self._on_generation_ended,
+            elastic.heartbeat_reply_timeout_s, lambda: self._generation, self._report_index, self._on_generation_ended,
             self._on_supervisor_gone,
         )
         heartbeat.start()

@@ -40,6 +40,7 @@ class HeartbeatSender:
         interval_s: float,
         reply_timeout_s: float,
         current_generation: Callable[[], int | None],
+        report_index: Callable[[int | None], int],
         on_generation_ended: Callable[[int], None],
         on_supervisor_gone: Callable[[], None],
     ):
@@ -49,6 +50,7 @@ class HeartbeatSender:
         self._interval_s = interval_s
         self._reply_timeout_s = reply_timeout_s
         self._current_generation = current_generation
+        self._report_index = report_index  # the newest report the loop entered in a generation (-1: none)
         self._on_generation_ended = on_generation_ended
         self._on_supervisor_gone = on_supervisor_gone
         self._stop = threading.Event()
@@ -91,7 +93,8 @@ class HeartbeatSender:
         """One heartbeat as a Ray call (one in flight at a time); False once the supervisor is gone for good."""
         if self._pending is None:
             generation = self._current_generation()
-            self._pending = (self._supervisor.heartbeat.remote(self._worker_id, generation, self._facts()), generation)
+            self._pending = (self._supervisor.heartbeat.remote(self._worker_id, generation, self._facts(generation)),
+                             generation)
         try:
             reply: HeartbeatReply = ray.get(self._pending[0], timeout=self._interval_s * 4)
         except ray.exceptions.GetTimeoutError:
@@ -119,8 +122,9 @@ class HeartbeatSender:
         self._sent[self._seq] = generation
         while len(self._sent) > _SEQS_KEPT:
             self._sent.popitem(last=False)
-        facts = self._facts()
-        beat = Beat(channel.token, self._worker_id, self._seq, generation, facts["rss_bytes"], facts["cpu_percent"])
+        facts = self._facts(generation)
+        beat = Beat(channel.token, self._worker_id, self._seq, generation, facts["rss_bytes"], facts["cpu_percent"],
+                    int(facts["report_index"]))
         host = "127.0.0.1" if channel.node_id == self._node_id else channel.host
         try:
             self._socket.sendto(beat.pack(), (host, channel.port))
@@ -150,5 +154,9 @@ class HeartbeatSender:
         if generation is not None and (reply.fenced or reply.active_generation != generation):
             self._on_generation_ended(generation)
 
-    def _facts(self) -> dict[str, float]:
-        return {"rss_bytes": float(self._process.memory_info().rss), "cpu_percent": self._process.cpu_percent()}
+    def _facts(self, generation: int | None) -> dict[str, float]:
+        """What a heartbeat tells besides: the process's memory and CPU, and where its loop is. Reports
+        without a checkpoint reach the supervisor late (report_sender.py), and a rank waits in report()'s
+        barrier before sending its own: the report it entered tells the progress watchdog who is behind."""
+        return {"rss_bytes": float(self._process.memory_info().rss), "cpu_percent": self._process.cpu_percent(),
+                "report_index": float(self._report_index(generation))}

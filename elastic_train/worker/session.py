@@ -193,10 +193,10 @@ class TrainSession:
                 if delete_local:
                     self._delete_local(checkpoint)
         loader_states = [loader.loader_state() for loader in self._loaders]
-        if files is not None:
+        agreed = self._agree(checkpoint is not None)
+        if files is not None:  # held (and replicated to the buddy) once the report goes to the supervisor
             self._keep(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
                                       loader_states), files)
-        agreed = self._agree(checkpoint is not None)
         report = Report(assignment.generation, self.index, dict(metrics), sorted(files) if files is not None else None,
                         loader_states, dir_name, registered, mode is CheckpointUploadMode.SYNC, pace)
         if not agreed.checkpoint:  # nothing to decide: the supervisor records it in the background
