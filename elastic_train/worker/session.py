@@ -234,7 +234,7 @@ class TrainSession:
         """A barrier across the ranks that returns rank 0's `data` (see supervisor/agreement.py)."""
         self._collective_calls += 1
         return self._agree_with_supervisor(self._supervisor.collective, self._collective_calls,
-                           data if self.context.assignment.rank == 0 else None)
+                                           data if self.context.assignment.rank == 0 else None)
 
     def _agree_with_supervisor(self, method: Any, call: int, *brought: Any) -> Any:
         """Call number `call` of a supervisor `method` that every rank makes alike; unwinds the loop
