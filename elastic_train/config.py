@@ -197,6 +197,17 @@ class CheckpointConfig:
                 f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r}: use 'max' or 'min'."
             )
 
+    def persist_due(self, reports_since: int, since_stored_s: float) -> bool:
+        """Is a reported checkpoint due to be stored, the `reports_since`-th since the last one stored,
+        `since_stored_s` after it? Always, without a cadence. The supervisor asks for the checkpoints
+        it decides on (supervisor/cadence.py); the ranks ask for the live dict parts they hold
+        (worker/session.py), which must be copied before the loop goes on, so they decide at the
+        report's barrier and tell the supervisor."""
+        n, interval = self.persist_every_n_reports, self.persist_interval_s
+        if n is None and interval is None:
+            return True
+        return (n is not None and reports_since >= n) or (interval is not None and since_stored_s >= interval)
+
 
 @dataclass(frozen=True)
 class ElasticConfig:

@@ -29,6 +29,9 @@ class Outcome:
     held: list[tuple[int, int]] = field(default_factory=list)  # (generation, index) of the parts it holds
     error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
     returned: bytes | None = None  # FINISHED on rank 0: what the loop returned, pickled (Result.return_value)
+    # A report whose barrier failed after its step made a collective with every peer; this worker holds
+    # its live dict part (worker/session.py `_keep_unagreed`), which the next generation may resume from.
+    unagreed: Report | None = None
 
     @classmethod
     def user_error(cls, generation: int, exc: BaseException, detail: str, exit: Exit = Exit.USER_ERROR) -> "Outcome":
@@ -73,6 +76,9 @@ class ResumePlan:
     stored: Any = None  # the CommittedCheckpoint in storage to load, when no survivor holds a newer one
     loader_states: list[dict[str, Any]] = field(default_factory=list)  # prepare_data_loader positions
     generation: int = -1  # the generation that reported it
+    # Chosen to be stored, but its barrier failed before any rank stored it: its holders store it.
+    store: bool = False
+    dir_name: str | None = None  # the folder its report named, to store it in
 
 
 @dataclass
@@ -195,6 +201,7 @@ class Report:
     registered: bool = False  # the loop stored the checkpoint itself (NO_UPLOAD)
     sync: bool = False  # SYNC: stored whatever the cadence
     pace: Pace | None = None
+    store: bool | None = None  # a live dict part: whether its rank found it due to be stored; None: the cadence's call
 
 
 @dataclass

@@ -276,6 +276,7 @@ class TorchTrainer:
             elastic=elastic,
             storage=storage,
             run=RunInfo(name, trial_name, trial_id, self.metadata, run_id),
+            checkpointing=run.checkpoint_config or CheckpointConfig(),
             initial_checkpoint=self.resume_from_checkpoint,
         )
         if not ray.is_initialized():
@@ -304,7 +305,7 @@ class TorchTrainer:
             spec,
             self.scaling_config,
             run.failure_config or FailureConfig(),
-            run.checkpoint_config or CheckpointConfig(),
+            spec.checkpointing,
         )
         with self._lock:
             self._supervisor, stop_reason = supervisor, self._stop_reason

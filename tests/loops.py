@@ -127,6 +127,7 @@ def sample_counting_loop(config: dict) -> None:
             log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
                          generation=ctx.get_generation(), step=step, epoch=epoch, batch=batch.tolist())
             time.sleep(config.get("step_time", 0.0))
+            fault_once(config, step, ctx.get_world_rank(), point="before_report")
             et.report({"step": step, "epoch": epoch},
                       checkpoint=et.Checkpoint.from_dict({"counts": counts, "epoch": epoch, "step": step}))
         if ctx.get_world_rank() == 0:

@@ -81,6 +81,11 @@ class Checkpoint:
         checkpoint._dict = data
         return checkpoint
 
+    @property
+    def in_memory(self) -> bool:
+        """A dict checkpoint (`from_dict`), not a directory."""
+        return self._dict is not None
+
     def get_metadata(self) -> dict[str, Any]:
         """The metadata stored with the checkpoint (`.metadata.json`, as in Ray Train); {} if none."""
         if self._dict is not None:

@@ -375,6 +375,7 @@ class Supervisor:
             : self._scaling.max_workers
         ]
         placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
+        self._close_generation()
         self._generation += 1
         self._world_size = len(chosen)
         resume = self._resume_plan({w.worker_id for w in chosen})
@@ -597,6 +598,8 @@ class Supervisor:
             w.rank = -1
         if w.leaving and not self._is_member(w):
             return Stop("left under a preemption notice")  # a standby: nothing to hand over
+        if outcome.unagreed is not None and self._is_member(w) and outcome.generation == self._generation:
+            self._unagreed(w, outcome.unagreed)
         w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
         w.holds = set(map(tuple, outcome.held))
         w.last_heartbeat = time.monotonic()
@@ -644,7 +647,7 @@ class Supervisor:
         checkpoint; a generation that ends meanwhile answers it (refused)."""
         w = await self._record(worker_id)
         entry = self._record_report(w, report) if w is not None else None
-        if entry is None:
+        if entry is None or self._rejects(w, report.generation, report.index):  # recorded, but too late to answer
             return ReportReply(accepted=False)
         if not entry.complete:
             await self._barriers.setdefault(report.index, asyncio.Event()).wait()
@@ -655,8 +658,9 @@ class Supervisor:
                            list_stored=report.registered and w.rank == min(entry.registered_by))
 
     async def reports(self, worker_id: int, batch: list[Report]) -> None:
-        """Reports of a member at which no rank reported a checkpoint: nothing to answer, so the
-        worker sends them in batches, in order (worker/report_sender.py)."""
+        """Reports of a member that need no decision (no checkpoint, or a live dict part not due to be
+        stored): nothing to answer, so the worker sends them in batches, in order
+        (worker/report_sender.py), the last ones as its generation ends."""
         w = await self._record(worker_id)
         if w is not None:
             for report in batch:
@@ -666,7 +670,7 @@ class Supervisor:
         """Record a member's report in the ledger; once every member made it, it counts (history,
         feed, pace) and its waiting peers are released. None: refused (a stale generation)."""
         generation, index = report.generation, report.index
-        if self._rejects(w, generation, index):
+        if self._stale(w, generation, index):
             return None
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, w.worker_id, report.names, report.metrics,
@@ -678,29 +682,53 @@ class Supervisor:
         if report.registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
             entry.registered = entry.persist = True
             entry.registered_by.add(w.rank)
+        elif report.store is not None:  # a live dict part: stored if one of its ranks found it due
+            entry.persist = True if report.store else entry.persist
         elif report.names is not None and entry.persist is None:
             # A SYNC report waits for its commit: it is stored whatever the cadence.
             entry.persist = report.sync or self._cadence.choose(index, time.monotonic())
         self._max_index = max(self._max_index, index)
         if entry.complete and not entry.made:  # made once every rank made it: then it counts
-            entry.made = True
-            first = entry.metrics_by_rank.get(0)  # None: made before a supervisor restart, retried since
-            made_at = time.time()
-            if first is not None:
-                self._metrics = dict(first)
-                self._history.append({**first, "_index": index, "_generation": generation,
-                                      "_world_size": world_size, "_time": made_at})
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = self._resize_at is not None and index >= self._resize_at
+            self._made(entry, index, entry.metrics_by_rank.get(0))  # None: made before a supervisor restart
             self._watch_pace(index, self._paces.pop((generation, index), {}))
-            self._feed.made(ReportRecord(index, generation, world_size,
-                                         [entry.metrics_by_rank.get(r, {}) for r in range(world_size)], time=made_at),
-                            awaits_commit=bool(entry.persist))
-            self._fed.set()
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
         return entry
+
+    def _made(self, entry: ReportEntry, index: int, metrics: dict[str, Any] | None) -> None:
+        """Report `index` was made by every rank: it goes into the history (with `metrics`) and the feed."""
+        entry.made = True
+        made_at = time.time()
+        if metrics is not None:
+            self._metrics = dict(metrics)
+            self._history.append({**metrics, "_index": index, "_generation": entry.generation,
+                                  "_world_size": entry.world_size, "_time": made_at})
+        self._feed.made(ReportRecord(index, entry.generation, entry.world_size,
+                                     [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)], time=made_at),
+                        awaits_commit=bool(entry.persist))
+        self._fed.set()
+
+    def _unagreed(self, w: WorkerRecord, report: Report) -> None:
+        """A survivor parks holding the live dict part of a report whose barrier failed after its step
+        made a collective with every peer (worker/session.py `_keep_unagreed`): that report counts as
+        made, and the next generation may resume from it instead of an older checkpoint."""
+        entry = self._ledger.record_unagreed(report.generation, self._world_size, report.index, w.rank, w.worker_id,
+                                             report.names or [], report.metrics, report.loader_states)
+        entry.dir_name = entry.dir_name or report.dir_name
+        if entry.persist is None:
+            entry.persist = bool(report.store)
+        self._event("report_unagreed_kept", worker_id=w.worker_id, rank=w.rank, generation=report.generation,
+                    index=report.index)
+
+    def _close_generation(self) -> None:
+        """The generation ended and its survivors parked (their last reports flushed): the reports that
+        some rank's report never came for were made by every rank all the same (ledger.close)."""
+        for index, entry in self._ledger.close(self._generation):
+            self._paces.pop((self._generation, index), None)
+            self._made(entry, index, entry.metrics_by_rank[min(entry.metrics_by_rank)])  # rank 0's, or the lowest's
 
     def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
         """Report `index`, which every member made, with each one's pace: flag stragglers and growing
@@ -725,8 +753,14 @@ class Supervisor:
 
     def _rejects(self, w: WorkerRecord, generation: int, index: int) -> bool:
         """A report of a generation that is over, or of a fenced worker, is refused."""
+        return self._stale(w, generation, index) or self._state not in (RunState.RUNNING, RunState.RESIZING)
+
+    def _stale(self, w: WorkerRecord, generation: int, index: int) -> bool:
+        """A report is not recorded when it is of a generation before the latest, or of a fenced
+        worker. One of the latest generation is, even once it ended: its barrier passed before it was
+        sent, so it was made (the sender flushes its reports before it parks)."""
         current = generation == self._generation and w.status is WorkerStatus.MEMBER
-        if current and self._state in (RunState.RUNNING, RunState.RESIZING):
+        if current and not self._state.terminal:
             return False
         if not current:
             self._event("stale_report_rejected", worker_id=w.worker_id, pid=w.pid, generation=generation,

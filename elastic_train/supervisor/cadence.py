@@ -10,7 +10,8 @@ best.
 Why a decision in the supervisor: every rank reports its part of a checkpoint, and a checkpoint
 commits only when all parts are stored. If each worker chose by itself, slow storage would leave
 their uploads on different checkpoints and none would commit. The first report of a checkpoint
-decides for all ranks.
+decides for all ranks. A dict checkpoint held live is the exception: its ranks decide, alike, at
+the report's barrier (`CheckpointConfig.persist_due`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,11 @@ class PersistCadence:
 
     def choose(self, index: int, now: float) -> bool:
         """Is reported checkpoint `index` to be stored?"""
-        cfg = self._config
         if self.every:
             return True
         self._reports_since += 1
-        due = (cfg.persist_every_n_reports is not None and self._reports_since >= cfg.persist_every_n_reports) or (
-            cfg.persist_interval_s is not None and now - self._last_chosen >= cfg.persist_interval_s
-        )
-        if not due or (self.replaceable and self._in_flight is not None):
+        if not self._config.persist_due(self._reports_since, now - self._last_chosen) or (
+                self.replaceable and self._in_flight is not None):
             return False
         self._reports_since, self._last_chosen = 0, now
         if self.replaceable:

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE
 from elastic_train.protocol import ResumePlan, WorkerInfo
+
+DICT_PART_NAMES = {DICT_FILE, METADATA_FILE}  # a dict checkpoint's files: one rank's part is all of it
 
 
 @dataclass
@@ -34,10 +37,21 @@ class ReportEntry:
     dir_name: str | None = None  # the folder the report named (`checkpoint_dir_name`); None: ours
     registered: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
     registered_by: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it
+    # Made by every rank, though not every rank's report came: its barrier failed after its step, and a
+    # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
+    # rank died with its report on the way (closed when the generation ended).
+    made_by_all: bool = False
 
     @property
     def complete(self) -> bool:
+        """Every rank's report is here."""
         return len(self.reported_ranks) == self.world_size
+
+    @property
+    def whole(self) -> bool:
+        """Its files are known: every rank reported, or it was made by all and any one dict part is the
+        whole checkpoint (ranks that report the same name report the same content)."""
+        return self.complete or (self.made_by_all and bool(self.parts) and self.names <= DICT_PART_NAMES)
 
     @property
     def names(self) -> set[str]:
@@ -46,7 +60,7 @@ class ReportEntry:
     @property
     def ready_to_commit(self) -> bool:
         stored = (self.registered and bool(self.persisted)) or (bool(self.parts) and self.names <= set(self.file_facts()))
-        return self.complete and stored and not self.committed and not self.given_up
+        return self.whole and stored and not self.committed and not self.given_up
 
     def unstored(self) -> set[int]:
         """The workers told to store a part of this checkpoint that have not reported it stored."""
@@ -88,8 +102,31 @@ class CheckpointLedger:
             entry.parts[rank] = (worker_id, names)
         if rank == 0:
             entry.metrics = metrics
+        if rank == 0 or not entry.loader_states:  # global positions, alike on every rank: any rank's serve
             entry.loader_states = loader_states
         return entry
+
+    def record_unagreed(self, generation: int, world_size: int, index: int, rank: int, worker_id: int,
+                        names: list[str], metrics: dict[str, Any],
+                        loader_states: list[dict[str, Any]]) -> ReportEntry:
+        """A survivor of `generation` holds the live dict part of report `index`, whose barrier failed
+        after its step made a collective with every peer (worker/session.py `_keep_unagreed`). A dict
+        part is the whole checkpoint (ranks that report the same name report the same content), so
+        the report counts as made: the next generation may resume from it."""
+        entry = self.record(generation, world_size, index, rank, worker_id, names, metrics, loader_states)
+        entry.made_by_all = True
+        return entry
+
+    def close(self, generation: int) -> list[tuple[int, ReportEntry]]:
+        """`generation` ended: its reports that some rank's report is missing from were made by every
+        rank all the same (each is sent after its barrier passed; the missing one died with its sender).
+        Returns them, by index, for the caller to count as made."""
+        closed = sorted(((i, e) for i, e in self.entries.items()
+                         if e.generation == generation and e.reported_ranks and not e.complete and not e.made),
+                        key=lambda item: item[0])
+        for _, entry in closed:
+            entry.made_by_all = True
+        return closed
 
     def record_replica(self, generation: int, index: int, worker_id: int, names: list[str],
                        world_size: int | None = None) -> None:
@@ -152,7 +189,7 @@ class CheckpointLedger:
         parked worker told it holds, as (generation, index): exact, where the ledger's own view of
         what each worker still keeps in memory is not (a worker evicts its oldest snapshots)."""
         holds = holds or {}
-        with_parts = sorted((i for i, e in self.entries.items() if e.complete and e.parts), reverse=True)
+        with_parts = sorted((i for i, e in self.entries.items() if e.whole and e.parts), reverse=True)
         for index in with_parts:
             entry = self.entries[index]
 
@@ -166,8 +203,9 @@ class CheckpointLedger:
                     break
                 holders.setdefault(holder, []).append(name)
             else:
+                store = entry.made_by_all and bool(entry.persist) and not entry.persisted and not entry.committed
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
-                                  generation=entry.generation)
+                                  generation=entry.generation, store=store, dir_name=entry.dir_name)
         return None
 
     def rewind(self, index: int) -> None:

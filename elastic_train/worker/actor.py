@@ -19,7 +19,7 @@ from typing import Any, Callable
 import ray
 import torch.distributed as dist
 
-from elastic_train.config import ElasticConfig
+from elastic_train.config import CheckpointConfig, ElasticConfig
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
@@ -36,6 +36,7 @@ from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.session import (
     CheckpointMemory,
     GenerationEnded,
+    Part,
     PeerLost,
     TrainSession,
     set_session,
@@ -54,6 +55,7 @@ class WorkerSpec:
     elastic: ElasticConfig
     storage: RunStorage
     run: RunInfo
+    checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
     initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
 
 
@@ -225,6 +227,7 @@ class TrainWorker:
             self._generation = None
             self._group.leave()
             return Outcome(Exit.COLLECTIVE_ERROR, generation, traceback.format_exc())
+        self._store_resumed(assignment)
         session = TrainSession(
             self.worker_id,
             self._supervisor,
@@ -238,6 +241,7 @@ class TrainWorker:
             lambda index: self._unwind_due(generation, index),
             lambda index: self.unwind_at(generation, index),
             self._spec.storage,
+            self._spec.checkpointing,
             self._spec.elastic.persist_flush_timeout_s,
             self._spec.initial_checkpoint,
         )
@@ -273,14 +277,27 @@ class TrainWorker:
             if not self._reports.flush(self._spec.elastic.drain_timeout_s):  # recorded before this worker parks
                 logger.warning("worker %d: reports of generation %d not received by the supervisor within "
                                "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
+        self._memory.settle()  # live parts become files, or are dropped if written to since their report
+        if session.unagreed is not None and (generation, session.unagreed.index) in self._memory.keys():
+            outcome.unagreed = session.unagreed
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
-    def _keep_snapshot(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
-        """A reported part: held in memory, and copied to the buddy (if any) in the background."""
-        self._memory.put(held, files)
-        if self._assignment is not None and self._assignment.buddy is not None:
-            self._replicator.submit(self._assignment.buddy, held, files)
+    def _keep_snapshot(self, held: HeldCheckpoint, part: Part) -> None:
+        """A reported part: held in memory, and its files copied to the buddy (if any) in the
+        background. A live part is not copied: its tensors change under the copy (live_part.py)."""
+        self._memory.put(held, part)
+        if isinstance(part, dict) and self._assignment is not None and self._assignment.buddy is not None:
+            self._replicator.submit(self._assignment.buddy, held, part)
+
+    def _store_resumed(self, assignment: Assignment) -> None:
+        """The checkpoint this generation resumes from was chosen to be stored, but its report's
+        barrier failed before any rank could store it (an unagreed report): its holders store it now."""
+        plan = assignment.resume
+        if plan is None or not plan.store or self.worker_id not in plan.holders:
+            return
+        files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
+        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, dir_name=plan.dir_name))
 
     def _send_reports(self, batch: list[Report]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
@@ -302,8 +319,9 @@ class TrainWorker:
 
     def _flush_last_checkpoint(self, session: TrainSession) -> None:
         """The loop returned: its last checkpoint goes to storage before the run ends, whatever the cadence."""
-        if session.unpersisted is not None:
-            self._persister.submit(session.unpersisted)
+        part = session.unpersisted()
+        if part is not None:
+            self._persister.submit(part)
         timeout = self._spec.elastic.persist_flush_timeout_s
         if not self._persister.flush(timeout):
             logger.warning("the last checkpoint did not reach storage within persist_flush_timeout_s=%ss", timeout)

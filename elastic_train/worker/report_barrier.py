@@ -42,3 +42,17 @@ def agree(checkpoint: bool, unwind: bool) -> Agreed:
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     any_checkpoint, any_unwind = flags.tolist()
     return Agreed(bool(any_checkpoint), bool(any_unwind))
+
+
+def collectives_done() -> int | None:
+    """How many collectives this rank has made over the generation's group (its sequence number);
+    None when the group cannot tell (gone, or aborted).
+
+    A report whose barrier failed can still count when the step before it made a collective with
+    every peer (DDP's gradient all-reduce): each rank's share of the step is then in the state."""
+    if not dist.is_initialized():
+        return 0
+    try:
+        return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+    except Exception:  # noqa: BLE001 - an aborted group may refuse: then no step is taken as witnessed
+        return None

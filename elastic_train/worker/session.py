@@ -25,11 +25,13 @@ import ray
 from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
+from elastic_train.config import CheckpointConfig
 from elastic_train.errors import CheckpointError
 from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
+from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import Agreed, agree
+from elastic_train.worker.report_barrier import Agreed, agree, collectives_done
 
 logger = logging.getLogger(__name__)
 
@@ -49,32 +51,56 @@ class PeerLost(GenerationEnded):
     closed) before the supervisor knew. The loop unwinds as from any failed collective."""
 
 
+Part = dict[str, bytes] | LivePart  # a checkpoint part's files, or a dict checkpoint's live tensors
+
+
 class StatefulLoader(Protocol):
     def loader_state(self) -> dict[str, Any]: ...
 
 
 class CheckpointMemory:
-    """The newest reported checkpoint snapshots, by (generation, report index): after a rewind a new
+    """The newest reported checkpoint parts, by (generation, report index): after a rewind a new
     generation reports the same indices again, and a part of an older generation must never be served
-    for one of a newer. Thread-safe."""
+    for one of a newer. A part is its files, or a dict checkpoint's live tensors (live_part.py), of
+    which only the newest is kept: an older one holds the same tensors, moved on. Thread-safe."""
 
     def __init__(self, keep: int):
         self._keep = keep
-        self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, dict[str, bytes]]] = OrderedDict()
+        self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, Part]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, held: HeldCheckpoint, files: dict[str, bytes], evict: bool = True) -> None:
+    def put(self, held: HeldCheckpoint, part: Part, evict: bool = True) -> None:
         """Keep a part; with `evict`, drop the oldest beyond `keep`. A worker tells the supervisor
         what it holds when it parks; from then on, until its next generation, nothing is evicted."""
         with self._lock:
             key = (held.generation, held.index)
-            if key in self._parts:  # more of the same checkpoint (parts handed over by two peers): merged
+            if isinstance(part, LivePart):
+                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
+                    del self._parts[older]
+            elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
+                # more of the same checkpoint (parts handed over by two peers): merged
                 known, held_files = self._parts[key]
-                files = {**held_files, **files}
-                held = dataclasses.replace(known, names=sorted(files))
-            self._parts[key] = (held, files)
+                part = {**held_files, **part}
+                held = dataclasses.replace(known, names=sorted(part))
+            self._parts[key] = (held, part)
             while evict and len(self._parts) > self._keep:
                 self._parts.popitem(last=False)
+
+    def settle(self) -> None:
+        """The generation ended and its loop stopped writing: each live part still clean becomes its
+        files (serialized once, for a peer or storage to read), one no longer clean is dropped (the run
+        resumes from an older checkpoint)."""
+        with self._lock:
+            live = [(k, held, p) for k, (held, p) in self._parts.items() if isinstance(p, LivePart)]
+        for key, held, part in live:
+            files = part.files()
+            with self._lock:
+                if files is None:
+                    logger.info("checkpoint %d of generation %d was written to after its report: not kept",
+                                key[1], key[0])
+                    self._parts.pop(key, None)
+                elif key in self._parts:
+                    self._parts[key] = (held, files)
 
     def keys(self) -> list[tuple[int, int]]:
         """(generation, index) of every part held."""
@@ -93,10 +119,12 @@ class CheckpointMemory:
         return found
 
     def find(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
-        """Those of `names` held for checkpoint `index` of `generation`."""
+        """Those of `names` held for checkpoint `index` of `generation` (a live part's only while clean)."""
         with self._lock:
             _, part = self._parts.get((generation, index), (None, {}))
-            return {n: part[n] for n in names if n in part}
+        if isinstance(part, LivePart):
+            part = part.files() or {}
+        return {n: part[n] for n in names if n in part}
 
 
 class TrainSession:
@@ -114,6 +142,7 @@ class TrainSession:
         unwind_due: Callable[[int], bool],
         unwind_at: Callable[[int], None],
         storage: RunStorage,
+        checkpointing: CheckpointConfig,
         settle_timeout_s: float,
         initial_checkpoint: Checkpoint | None = None,
     ):
@@ -129,9 +158,13 @@ class TrainSession:
         self._unwind_due = unwind_due  # was this worker asked to leave the loop at report `index`?
         self._unwind_at = unwind_at  # leave it at report `index` (or the first after)
         self._storage = storage
+        self._checkpointing = checkpointing
+        self._live_reports, self._live_stored_at = 0, time.monotonic()  # live parts reported since one was stored
         self._settle_timeout_s = settle_timeout_s  # how long SYNC / NO_UPLOAD reports wait for their commit
         self._initial_checkpoint = initial_checkpoint  # resume_from_checkpoint: while the run has none of its own
-        self.unpersisted: PartUpload | None = None  # the newest reported part, when the cadence skipped it
+        self._unpersisted: tuple[PartUpload, LivePart | None] | None = None  # the newest part the cadence skipped
+        self.unagreed: Report | None = None  # a report whose barrier failed, whose live part still counts
+        self._collectives_seen = collectives_done()  # the group's collectives up to the last barrier passed
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -155,9 +188,8 @@ class TrainSession:
         of a lost peer's last report, even in a loop with no collective, so at most one step is
         redone; and the newest checkpoint every rank reported is the oldest this worker may still
         need, never evicted by the snapshot kept here. When no rank reports a checkpoint, the metrics
-        go to the supervisor in the background: the report costs one small all-reduce."""
-        if self._generation_ended():
-            raise GenerationEnded()
+        go to the supervisor in the background: the report costs one small all-reduce. A dict
+        checkpoint is held as the live tensors it names (live_part.py), serialized only to be stored."""
         pace = Pace(self._enter_barrier(), float(_PROCESS.memory_info().rss), self._stall_s)
         self._step_s = 0.0
         entered = time.monotonic()
@@ -173,6 +205,7 @@ class TrainSession:
         self.index += 1
         assignment = self.context.assignment
         files: dict[str, bytes] | None = None
+        live: LivePart | None = None
         registered = False
         if checkpoint is not None:
             if dir_name is not None:
@@ -189,38 +222,67 @@ class TrainSession:
                         f"report(checkpoint=Checkpoint.from_directory({checkpoint.path!r})): that folder holds the "
                         "run's own folder (get_context().get_trial_dir()), its record and its other checkpoints. "
                         "Save into a folder of its own, e.g. tempfile.TemporaryDirectory(), and report that.")
-                files = checkpoint.files()
+                if checkpoint.in_memory and mode is CheckpointUploadMode.ASYNC:
+                    live = LivePart(checkpoint)
+                else:
+                    files = checkpoint.files()
                 if delete_local:
                     self._delete_local(checkpoint)
         loader_states = [loader.loader_state() for loader in self._loaders]
-        agreed = self._agree(checkpoint is not None)
-        if files is not None:  # held (and replicated to the buddy) once the report goes to the supervisor
-            self._keep(HeldCheckpoint(self.index, assignment.generation, assignment.rank, sorted(files),
-                                      loader_states), files)
-        report = Report(assignment.generation, self.index, dict(metrics), sorted(files) if files is not None else None,
-                        loader_states, dir_name, registered, mode is CheckpointUploadMode.SYNC, pace)
+        names = sorted(files) if files is not None else (live.names if live is not None else None)
+        held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states) if names is not None else None
+        store = None if live is None else self._checkpointing.persist_due(self._live_reports + 1,
+                                                                          time.monotonic() - self._live_stored_at)
+        report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
+                        mode is CheckpointUploadMode.SYNC, pace, store)
+        # The supervisor decides on a checkpoint's storage, except for a live part not due to be stored.
+        agreed = self._agree(checkpoint is not None and store is not False, held, live, report)
+        if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
+            self._keep(held, files if files is not None else live)
+        if live is not None:
+            self._live_reports += 1
         if not agreed.checkpoint:  # nothing to decide: the supervisor records it in the background
             self._send_report(report)
+            if live is not None:
+                self._unpersisted = (PartUpload(assignment.generation, self.index, {}, dir_name=dir_name), live)
             if agreed.unwind:
                 raise GenerationEnded()
             return
         self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
         reply = self._supervisor.report.remote(self.worker_id, report)
-        part = PartUpload(assignment.generation, self.index, files) if files is not None else None
-        unwind = self._settle(self.index, reply, part)  # this report was made: the next generation resumes from it
+        unwind = self._settle(self.index, reply, held, files, live)  # made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
         if unwind or agreed.unwind:
             raise GenerationEnded()
 
-    def _agree(self, checkpoint: bool) -> Agreed:
+    def _agree(self, checkpoint: bool, held: HeldCheckpoint | None, live: LivePart | None, report: Report) -> Agreed:
         """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
+        done, seen = collectives_done(), self._collectives_seen
+        stepped = self.context.get_world_size() == 1 or (done is not None and seen is not None and done > seen)
+        if self._generation_ended():
+            self._keep_unagreed(held, live, report, stepped)
+            raise GenerationEnded()
         try:
-            return agree(checkpoint, self._unwind_due(self.index))
+            agreed = agree(checkpoint, self._unwind_due(self.index))
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
+            self._keep_unagreed(held, live, report, stepped)
             if self._generation_ended():
                 raise GenerationEnded() from exc
             raise PeerLost(f"report {self.index}'s barrier failed: {exc}") from exc
+        self._collectives_seen = collectives_done()
+        return agreed
+
+    def _keep_unagreed(self, held: HeldCheckpoint | None, live: LivePart | None, report: Report,
+                       stepped: bool) -> None:
+        """The report's barrier did not pass, so some rank may not have made this report. Its live dict
+        part still counts if the step before it made a collective (DDP's gradient all-reduce) with
+        every peer: each rank's share of the step is then in the state held. That state is the
+        freshest there is: the previous report's live part holds the same tensors, moved on since. The
+        supervisor hears of it when this worker parks, and may resume the next generation from it."""
+        if held is not None and live is not None and stepped:
+            self._keep(held, live)
+            self.unagreed = report
 
     def preemption_info(self) -> PreemptionInfo | None:
         """The same answer on every rank (see supervisor/notices.py)."""
@@ -270,7 +332,8 @@ class TrainSession:
         for telling stragglers: supervisor/pace.py)."""
         return self._step_s + time.monotonic() - self._outside_since
 
-    def _settle(self, index: int, reply_ref: Any, part: PartUpload | None) -> bool:
+    def _settle(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
+                live: LivePart | None) -> bool:
         """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)
         if not reply.accepted:
@@ -281,9 +344,19 @@ class TrainSession:
             facts = self._storage.stored_facts(reply.dir_name)
             ray.get(self._supervisor.part_persisted.remote(self.worker_id, self.context.assignment.generation, index,
                                                            facts))
-        if part is not None:
-            part.replaceable, part.dir_name = reply.replaceable, reply.dir_name
-            self.unpersisted = None if reply.persist else part
+        if held is not None and (files is not None or live is not None):
+            if reply.persist and live is not None:  # the consistent copy to store, taken while the loop waits here
+                files = live.files()
+                if files is None:
+                    raise CheckpointError(
+                        f"the tensors of report {index}'s Checkpoint.from_dict were written to while report() "
+                        "stored them (by another thread of the loop?): report a dict of copies "
+                        "({k: v.clone() ...}) if the loop must go on writing them.")
+                self._keep(held, files)
+                self._live_reports, self._live_stored_at = 0, time.monotonic()
+            part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
+                              dir_name=reply.dir_name)
+            self._unpersisted = None if reply.persist else (part, live)
             if reply.persist:
                 waited = self._persist(part)
                 if waited is None:  # the generation ended while the report waited for upload room
@@ -291,6 +364,20 @@ class TrainSession:
                 if waited > UPLOAD_WAIT_NOTED_S:
                     self._supervisor.upload_waited.remote(self.worker_id, index, waited)
         return reply.unwind
+
+    def unpersisted(self) -> PartUpload | None:
+        """The newest reported part, when the cadence skipped it (the loop returned: it is stored now);
+        None if there is none, or a live one was written to since its report."""
+        if self._unpersisted is None:
+            return None
+        part, live = self._unpersisted
+        if live is not None:
+            files = live.files()
+            if files is None:
+                logger.warning("the last checkpoint (report %d) was written to after its report: not stored", part.index)
+                return None
+            part.files = files
+        return part
 
     def _wait_committed(self, index: int) -> None:
         """SYNC / NO_UPLOAD: return once checkpoint `index` is committed in storage."""

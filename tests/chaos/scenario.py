@@ -23,14 +23,16 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float rounding differs with the worl
 
 def chaos_trainer(run_dirs: dict, workers: int | tuple[int, int], *, step_time: float = 0.15,
                   storage_path: str | None = None, storage_options: dict | None = None,
-                  elastic: et.ElasticConfig | None = None) -> et.TorchTrainer:
+                  elastic: et.ElasticConfig | None = None,
+                  checkpoint_config: et.CheckpointConfig | None = None) -> et.TorchTrainer:
     return et.TorchTrainer(
         invariant_loop,
         train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": EPOCHS, "global_batch": GLOBAL_BATCH,
                            "step_time": step_time},
         scaling_config=et.ScalingConfig(num_workers=workers),
         run_config=et.RunConfig(name="run", storage_path=storage_path or run_dirs["storage"],
-                                storage_options=storage_options, elastic_config=elastic),
+                                storage_options=storage_options, elastic_config=elastic,
+                                checkpoint_config=checkpoint_config),
     )
 
 

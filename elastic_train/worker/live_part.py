@@ -1,0 +1,64 @@
+"""A dict checkpoint held by reference: the live state, serialized only when it must leave the process.
+
+Why: in data-parallel training every rank already holds the current model and optimizer in its own
+memory. `report(metrics, Checkpoint.from_dict({"model": model.state_dict(), ...}))` hands the
+runtime the live tensors themselves (`state_dict()` returns them, not copies). Holding them costs
+nothing; a `torch.save` every step costs milliseconds. So a dict checkpoint is kept as it is, and
+serialized (`files()`) only when its bytes are needed: to store it, or to serve it to another worker
+once the generation ended.
+
+The catch is that the tensors go on changing: the next `optimizer.step()` writes into the very
+tensors held. Every tensor's version counter (`Tensor._version`, bumped by each in-place write) is
+noted when the part is made; the part is `clean()` only while none moved. A part that is no longer
+clean holds some newer state under an older report's index: it is never served, and the run resumes
+from an older checkpoint instead (see `CheckpointMemory.settle`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import torch
+
+from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, Checkpoint, dict_to_bytes
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a nest of dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class LivePart:
+    """One rank's dict checkpoint, by reference, with the versions its tensors had when reported."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        self.data = checkpoint.to_dict()
+        self._metadata = checkpoint.get_metadata() or None
+        self._versions = [(t, t._version) for t in _tensors(self.data)]
+
+    @property
+    def names(self) -> list[str]:
+        """The file names `files()` gives, known without serializing."""
+        return sorted([DICT_FILE] + ([METADATA_FILE] if self._metadata is not None else []))
+
+    def clean(self) -> bool:
+        """Do the tensors still hold the state that was reported (none written in place since)?"""
+        return all(t._version == version for t, version in self._versions)
+
+    def files(self) -> dict[str, bytes] | None:
+        """The part's files, serialized now; None if a tensor was written to since the report (before
+        or while it was serialized: then the bytes could mix two states)."""
+        if not self.clean():
+            return None
+        files = {DICT_FILE: dict_to_bytes(self.data)}
+        if self._metadata is not None:
+            files[METADATA_FILE] = json.dumps(self._metadata).encode()
+        return files if self.clean() else None
