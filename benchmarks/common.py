@@ -13,11 +13,14 @@ import socket
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+
+import elastic_train as et
 
 
 def machine_facts() -> dict[str, Any]:
@@ -52,9 +55,37 @@ def chosen_systems(parser: argparse.ArgumentParser, args: argparse.Namespace, sy
     return chosen
 
 
-def add_checkpoint_every_option(parser: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class Checkpointing:
+    """How the workload checkpoints: rank 0 reports one every `every` steps (and at the last), every
+    system alike. With `live`, elastic_train's ranks instead all report their live state every step
+    (`Checkpoint.from_dict`: held in memory, serialized only to be stored or for a recovery), and every
+    `every`-th report is stored (`CheckpointConfig.persist_every_n_reports`)."""
+
+    every: int = 1
+    live: bool = False
+
+    def loop_config(self) -> dict[str, Any]:
+        return {"checkpoint_every": self.every, "live": self.live}
+
+    def elastic_config(self) -> et.CheckpointConfig | None:
+        return et.CheckpointConfig(persist_every_n_reports=self.every) if self.live else None
+
+    def describe(self) -> str:
+        stored = f"a checkpoint every {self.every} step(s)"
+        return f"elastic_train: live state every step, {stored} stored; others: {stored}" if self.live else stored
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=1,
                         help="rank 0 reports a checkpoint every this many steps (and at the last), every system alike")
+    parser.add_argument("--live", action="store_true",
+                        help="elastic_train: every rank reports its live state every step (Checkpoint.from_dict), "
+                             "every --checkpoint-every-th stored")
+
+
+def chosen_checkpointing(args: argparse.Namespace) -> Checkpointing:
+    return Checkpointing(args.checkpoint_every, args.live)
 
 
 def free_port() -> int:
@@ -88,7 +119,8 @@ def train_loop(config: dict[str, Any]) -> None:
     """The benchmarks' workload, against the API module `config["api"]` names ("elastic_train" or
     "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
     checkpoint every `checkpoint_every` steps (default 1; Ray Train's usual pattern), resumed from
-    `get_checkpoint()`; the other reports carry metrics only. Every rank
+    `get_checkpoint()`; the other reports carry metrics only. With `live` (elastic_train only: see
+    `Checkpointing`), every rank reports its live state every step instead. Every rank
     logs each step's start and end to `<log_dir>/progress.jsonl` before reporting. With `kills` and
     `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
     api = importlib.import_module(config["api"])
@@ -97,11 +129,15 @@ def train_loop(config: dict[str, Any]) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     log = Path(config["log_dir"])
     model, optimizer = build_model()
+    live = config.get("live", False) and config["api"] == "elastic_train"
     start = 1
     checkpoint = api.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = torch.load(Path(d) / "state.pt", weights_only=True)
+        if live:
+            state = checkpoint.to_dict()
+        else:
+            with checkpoint.as_directory() as d:
+                state = torch.load(Path(d) / "state.pt", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
@@ -116,6 +152,10 @@ def train_loop(config: dict[str, Any]) -> None:
         with open(log / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         metrics = {"loss": loss.item(), "step": step}
+        if live:
+            api.report(metrics, checkpoint=api.Checkpoint.from_dict(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}))
+            continue
         due = step % config.get("checkpoint_every", 1) == 0 or step == config["steps"]
         if rank != 0 or not due:
             api.report(metrics)

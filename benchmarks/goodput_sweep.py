@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import add_checkpoint_every_option, add_systems_option, chosen_systems, machine_facts
+from benchmarks.common import (add_checkpoint_options, add_systems_option, chosen_checkpointing, chosen_systems,
+                               machine_facts)
 from benchmarks.preemption import ROOT, SYSTEMS, Fault, run
 
 logger = logging.getLogger("benchmarks.goodput_sweep")
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     parser.add_argument("--seed", type=int, default=1)
     add_systems_option(parser, SYSTEMS)
-    add_checkpoint_every_option(parser)
+    add_checkpoint_options(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "goodput_sweep")
     args = parser.parse_args()
     systems = chosen_systems(parser, args, SYSTEMS)
@@ -55,6 +56,7 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     intervals, count = ([10.0, 30.0], 2) if args.quick else ([float(x) for x in args.intervals.split(",")], args.faults)
     out = args.out.resolve()
+    checkpointing = chosen_checkpointing(args)
     started = time.monotonic()
     points = []
     for interval in intervals:
@@ -64,17 +66,17 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
                      {"interval_s": interval, "steps": steps, "step_time_s": args.step_time}, label="run",
-                     with_plot=False, checkpoint_every=args.checkpoint_every)
+                     with_plot=False, checkpointing=checkpointing)
         for s in report["systems"]:
             points.append({"interval_s": interval, "system": s["system"], "goodput": s["goodput"],
                            "resume_s_median": s["resume_s_median"], "steps_redone_total": s["steps_redone_total"],
                            "faults": s["faults"]})
     summary = {"benchmark": "goodput_sweep", "faults_per_interval": count, "step_time_s": args.step_time,
-               "checkpoint_every": args.checkpoint_every,
+               "checkpointing": checkpointing.describe(),
                "ray_train_health_check_interval_s": args.ray_poll_s, "machine": machine_facts(),
                "total_wall_s": round(time.monotonic() - started, 2), "points": points}
     (out / "goodput_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\nrank 0 reports a checkpoint every {args.checkpoint_every} step(s); torchft keeps none\n" + table(summary))
+    print(f"\n{checkpointing.describe()}; torchft keeps none\n" + table(summary))
     print(f"\ntotal {summary['total_wall_s']:.1f} s; {out / 'goodput_sweep.json'}")
 
 

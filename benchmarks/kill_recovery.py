@@ -57,7 +57,8 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import add_systems_option, chosen_systems, machine_facts, median_spread, spread
+from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
+                               chosen_systems, machine_facts, median_spread, spread)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -72,7 +73,7 @@ FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_l
 
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
-               ray_poll_s: float | None, out: Path) -> dict[str, Any]:
+               ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
     """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
@@ -80,7 +81,7 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     log = workdir / "log"
     log.mkdir(parents=True)
     config = {"api": API.get(system), "log_dir": str(log), "kills": kills, "kill_every": kill_every,
-              "steps": kill_every * (kills + 1), "step_time": step_time}
+              "steps": kill_every * (kills + 1), "step_time": step_time, **checkpointing.loop_config()}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train" and ray_poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
@@ -103,7 +104,8 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
                 train_loop, train_loop_config=config,
                 scaling_config=et.ScalingConfig(num_workers=(1, NUM_WORKERS)),
                 run_config=et.RunConfig(storage_path=storage, name=name,
-                                        failure_config=et.FailureConfig(max_failures=kills + 2)),
+                                        failure_config=et.FailureConfig(max_failures=kills + 2),
+                                        checkpoint_config=checkpointing.elastic_config()),
             ).fit()
         wall = time.monotonic() - started
     finally:
@@ -184,6 +186,7 @@ def main() -> None:
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
     add_systems_option(parser, SYSTEMS)
+    add_checkpoint_options(parser)
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for kill_recovery.json and each system's logs and checkpoints "
                              "(default: results/kill_recovery, with _<framework> for a framework other than torch)")
@@ -193,6 +196,8 @@ def main() -> None:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
         systems.remove("torchft")
+    if args.framework != "torch" and args.live:
+        parser.error("--live is for the torch loop: Lightning and transformers loops report their own checkpoints")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills
@@ -204,7 +209,7 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out))
+                                  out, chosen_checkpointing(args)))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
@@ -213,6 +218,7 @@ def main() -> None:
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,
         "ray_train_health_check_interval_s": args.ray_poll_s,
+        "checkpointing": chosen_checkpointing(args).describe(),
         "total_wall_s": round(time.monotonic() - started, 2),
         "machine": machine_facts(),
         "systems": results,

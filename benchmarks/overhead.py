@@ -21,6 +21,10 @@ writes them to a file in the run's log folder when the loop ends. Variants:
   rank reports metrics only.
 * `elastic_train+checkpoint/10`: the same with rank 0's checkpoint every 10th step; the other
   reports need no answer from the supervisor (they cost one small all-reduce).
+* `elastic_train+live/10`: every rank reports its live state every step (`Checkpoint.from_dict` of
+  model + optimizer state: held in memory, serialized only when stored or for a recovery), and
+  every 10th is stored (`CheckpointConfig(persist_every_n_reports=10)`): recovery from the state of
+  the last step, at the storage cost of a checkpoint every 10 steps.
 * `torchft`: torchft 0.2.0 in its recommended setup (`benchmarks.torchft_system`: a Lighthouse, a
   replica group per worker, its DDP and Optimizer wrappers, a quorum every step; its DDP comm hook
   patched for gloo), the same model, batches and compute; no checkpoint (it heals from live peers).
@@ -58,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import build_model, free_port, machine_facts, train_step
+from benchmarks.common import add_systems_option, build_model, chosen_systems, free_port, machine_facts, train_step
 
 logger = logging.getLogger("benchmarks.overhead")
 
@@ -68,7 +72,7 @@ SKIP_STEPS = 5
 BASELINE = "plain_ddp"
 CHECKPOINT_EVERY = 10  # the sparse-checkpoint variant's interval (issue 14's target: >= 0.95 of plain DDP)
 SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint", f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
-           "torchft")
+           f"elastic_train+live/{CHECKPOINT_EVERY}", "torchft")
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -105,11 +109,15 @@ def ddp_worker(rank: int, port: int, config: dict[str, Any]) -> None:
 
 def elastic_loop(config: dict[str, Any]) -> None:
     """The elastic_train loop: report every step, with rank 0's checkpoint every `config["checkpoint"]`
-    steps (0: none)."""
+    steps (0: none), or with every rank's live state (`config["live"]`)."""
     rank = et.get_context().get_world_rank()
     model, optimizer = _build()
 
     def report(step: int, metrics: dict[str, float]) -> None:
+        if config["live"]:
+            et.report(metrics, checkpoint=et.Checkpoint.from_dict(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}))
+            return
         if not config["checkpoint"] or step % config["checkpoint"] or rank != 0:
             et.report(metrics)
             return
@@ -127,7 +135,8 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
     log = workdir / "log"
     log.mkdir(parents=True)
     every = int(system.rpartition("/")[2]) if "/" in system else 1
-    config = {"steps": steps, "step_time": step_time, "log_dir": str(log), "checkpoint": every if "+checkpoint" in system else 0}
+    config = {"steps": steps, "step_time": step_time, "log_dir": str(log),
+              "checkpoint": every if "+checkpoint" in system else 0, "live": "+live" in system}
     if system == BASELINE:
         mp.spawn(ddp_worker, args=(free_port(), config), nprocs=NUM_WORKERS, join=True)
     else:
@@ -140,7 +149,9 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
                 et.TorchTrainer(
                     elastic_loop, train_loop_config=config,
                     scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS),
-                    run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead"),
+                    run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead",
+                                            checkpoint_config=et.CheckpointConfig(
+                                                persist_every_n_reports=every if config["live"] else None)),
                 ).fit()
         finally:
             ray.shutdown()
@@ -191,7 +202,11 @@ def main() -> None:
                         help="seconds of simulated compute per step (every variant also runs at 0)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "overhead",
                         help="folder for overhead.json and each run's logs and checkpoints")
+    add_systems_option(parser, SYSTEMS)
     args = parser.parse_args()
+    systems = chosen_systems(parser, args, SYSTEMS)
+    if BASELINE not in systems:
+        parser.error(f"--systems must include {BASELINE}: every ratio is to it")
     steps = args.steps or (60 if args.quick else 300)
     repeats = args.repeats or (1 if args.quick else 2)
     if steps <= SKIP_STEPS + 1:
@@ -202,10 +217,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     step_times = sorted({args.step_time, 0.0}, reverse=True)
     started = time.monotonic()
-    durations: dict[tuple[str, float], list[list[float]]] = {(s, t): [] for t in step_times for s in SYSTEMS}
+    durations: dict[tuple[str, float], list[list[float]]] = {(s, t): [] for t in step_times for s in systems}
     for rep in range(repeats):
         for step_time in step_times:
-            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+            for system in systems if rep % 2 == 0 else systems[::-1]:
                 slug = system.replace("+", "_").replace("/", "_every_")
                 measured = run_variant(system, steps, step_time, out / f"r{rep}_{slug}_{step_time * 1000:g}ms")
                 durations[(system, step_time)].append(measured)
@@ -214,7 +229,7 @@ def main() -> None:
     variants = []
     for step_time in step_times:
         base = _summary(BASELINE, step_time, durations[(BASELINE, step_time)])
-        for system in SYSTEMS:
+        for system in systems:
             v = _summary(system, step_time, durations[(system, step_time)])
             v["ratio_to_ddp"] = round(v["steps_per_s"] / base["steps_per_s"], 3)
             v["ratio_to_ddp_mean"] = round(v["steps_per_s_mean"] / base["steps_per_s_mean"], 3)
@@ -231,7 +246,8 @@ def main() -> None:
         "measured": "rank 0's step durations (start to next start, report included), pooled over repeats; "
                     "steps_per_s = 1 / step_s_median; ratio_to_ddp and overhead_ms_per_step against plain_ddp "
                     "at the same step time; ratio_to_ddp_mean from mean steps/s, which counts the steps "
-                    f"that checkpoint (one in {CHECKPOINT_EVERY} in elastic_train+checkpoint/{CHECKPOINT_EVERY})",
+                    f"that checkpoint (one in {CHECKPOINT_EVERY} in elastic_train+checkpoint/{CHECKPOINT_EVERY}) "
+                    f"or store (elastic_train+live/{CHECKPOINT_EVERY})",
         "total_wall_s": round(time.monotonic() - started, 2),
         "machine": machine_facts(),
         "variants": variants,

@@ -69,7 +69,9 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 import elastic_train as et
 from benchmarks import torchft_system
 from benchmarks.common import (
-    add_checkpoint_every_option,
+    Checkpointing,
+    add_checkpoint_options,
+    chosen_checkpointing,
     add_systems_option,
     chosen_systems,
     machine_facts,
@@ -164,14 +166,14 @@ class FaultInjector(threading.Thread):
 
 
 def run_system(system: str, faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
-               out: Path, checkpoint_every: int = 1) -> dict[str, Any]:
+               out: Path, checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
     """Run the loop under `system` on a fresh Ray instance, injecting `faults`; returns its measurements."""
     workdir = out / system
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
     log.mkdir(parents=True)
     config = {"api": API.get(system), "log_dir": str(log), "steps": steps, "step_time": step_time,
-              "checkpoint_every": checkpoint_every}
+              **checkpointing.loop_config()}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train":
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
@@ -197,7 +199,8 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
                 train_loop, train_loop_config=config,
                 scaling_config=et.ScalingConfig(num_workers=(1, NUM_WORKERS)),
                 run_config=et.RunConfig(storage_path=storage, name=name,
-                                        failure_config=et.FailureConfig(max_failures=budget)),
+                                        failure_config=et.FailureConfig(max_failures=budget),
+                                        checkpoint_config=checkpointing.elastic_config()),
             ).fit()
             final_step = result.metrics.get("step")
             noticed = [e["time"] for e in result.events if e["kind"] == "worker_lost"]
@@ -301,13 +304,13 @@ def plot(results: list[dict[str, Any]], out: Path, bin_s: float = 1.0) -> Path:
 
 def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
         out: Path, settings: dict[str, Any], label: str = "preemption", with_plot: bool = True,
-        checkpoint_every: int = 1) -> dict[str, Any]:
+        checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
     """Every system under the same schedule; writes `<label>.json` (and the plot) to `out`."""
     started = time.monotonic()
     results = []
     for system in systems:
         logger.info("%s: %d faults, %d steps", system, len(faults), steps)
-        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out, checkpoint_every)
+        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out, checkpointing)
         res["_progress"] = read_progress(out / system / "log")
         res["_faults"] = json.loads((out / system / "faults.json").read_text())
         results.append(res)
@@ -316,7 +319,7 @@ def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, r
     report = {
         "benchmark": label,
         **settings,
-        "checkpoint_every": checkpoint_every,
+        "checkpointing": checkpointing.describe(),
         "planned_faults": [asdict(f) for f in faults],
         "total_wall_s": round(time.monotonic() - started, 2),
         "machine": machine_facts(),
@@ -346,7 +349,7 @@ def main() -> None:
     parser.add_argument("--ray-poll-s", type=float, default=0.1, help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     parser.add_argument("--seed", type=int, default=1)
     add_systems_option(parser, SYSTEMS)
-    add_checkpoint_every_option(parser)
+    add_checkpoint_options(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "preemption")
     args = parser.parse_args()
     systems = chosen_systems(parser, args, SYSTEMS)
@@ -362,7 +365,7 @@ def main() -> None:
                 "trace": TRACE.name, "trace_compress": args.compress, "seed": args.seed,
                 "ray_train_health_check_interval_s": args.ray_poll_s}
     report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, out, settings,
-                 checkpoint_every=args.checkpoint_every)
+                 checkpointing=chosen_checkpointing(args))
     print("\n" + table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'preemption.json'}, {out / 'preemption.png'}")
 

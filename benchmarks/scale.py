@@ -442,7 +442,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as storage_path:
             storage = RunStorage(storage_path, "scale", None, elastic.storage_retry())
             spec = WorkerSpec(train_fn=_no_op, train_config=None, backend="gloo", elastic=elastic, storage=storage,
-                              run=RunInfo(storage.name))
+                              run=RunInfo(storage.name), checkpointing=CheckpointConfig())
             rng = random.Random(0)
             runs = []
             for n in counts:
