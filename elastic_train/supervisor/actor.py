@@ -161,11 +161,12 @@ class Supervisor:
         else:
             self._event("run_started", expected_workers=self._expected_initial)
         self._adopted.set()
-        if self._elastic.watch_ray_drains:
-            self._track(self._watch_ray_drains())
         # Not tracked: shut-down does not wait for their sleeps.
         periodic = [asyncio.ensure_future(self._every(self._elastic.event_log_interval_s, self._write_events)),
                     asyncio.ensure_future(self._every(self._elastic.metrics_interval_s, self._sample_metrics))]
+        if self._elastic.watch_ray_drains:
+            periodic.append(asyncio.ensure_future(
+                self._every(self._elastic.preemption_poll_interval_s, self._check_ray_drains)))
         self._pool.top_up()
         while not self._state.terminal:
             try:
@@ -953,21 +954,19 @@ class Supervisor:
     async def _sample_metrics(self) -> None:
         self._exported.sample(self._members(), self._pace.stragglers, self._pace.growing, time.monotonic())
 
-    async def _watch_ray_drains(self) -> None:
+    async def _check_ray_drains(self) -> None:
         """Nodes that Ray drains (`ray drain-node`, KubeRay, the autoscaler) are preemption notices
         for the workers on them."""
-        loop = asyncio.get_running_loop()
-        while not self._state.terminal:
-            try:
-                draining = await loop.run_in_executor(None, ray._private.state.state.get_draining_nodes)
-            except Exception as exc:  # noqa: BLE001 - a GCS hiccup: try again at the next poll
-                logger.warning("could not read Ray's draining nodes: %r", exc)
-                draining = {}
-            for w in list(self._pool.records.values()):
-                if w.node_id in draining and not w.leaving and w.status is not WorkerStatus.LOST:
-                    deadline = draining[w.node_id]
-                    self._notice(w, "ray_drain", max(0.0, deadline / 1000 - time.time()) if deadline else None)
-            await asyncio.sleep(self._elastic.preemption_poll_interval_s)
+        try:
+            draining = await asyncio.get_running_loop().run_in_executor(
+                None, ray._private.state.state.get_draining_nodes)
+        except Exception as exc:  # noqa: BLE001 - a GCS hiccup: try again at the next poll
+            logger.warning("could not read Ray's draining nodes: %r", exc)
+            return
+        for w in list(self._pool.records.values()):
+            if w.node_id in draining and not w.leaving and w.status is not WorkerStatus.LOST:
+                deadline = draining[w.node_id]
+                self._notice(w, "ray_drain", max(0.0, deadline / 1000 - time.time()) if deadline else None)
 
     async def worker_actor(self, worker_id: int) -> Any:
         """The actor handle of a worker (for fault injectors attached from outside)."""
