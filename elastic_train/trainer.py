@@ -424,7 +424,7 @@ def _returned(pickled: bytes | None) -> Any:
 
 def _is_run(storage: RunStorage) -> bool:
     """Does the folder hold a run: its record, or a committed checkpoint?"""
-    return read_json(storage, RUN, None) is not None or bool(storage.committed())
+    return read_json(storage, RUN, None) is not None or storage.newest_committed() is not None
 
 
 def _failure(summary: RunSummary) -> TrainingFailedError | None:

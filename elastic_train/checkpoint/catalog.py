@@ -44,14 +44,13 @@ def load_checkpoint(
 
 
 def _pick(storage: RunStorage, index: int | None) -> CommittedCheckpoint:
-    committed = storage.committed()
-    if not committed:
-        raise CheckpointError(f"{storage.url()} holds no committed checkpoint.")
+    """Checkpoint `index` (the newest generation's, if more than one committed it), or the newest;
+    reads only the manifests it needs."""
+    chosen = storage.newest_committed() if index is None else (storage.committed(index) or [None])[-1]
+    if chosen is not None:
+        return chosen
     if index is None:
-        return committed[-1]
-    for checkpoint in reversed(committed):  # the newest generation's, if more than one committed it
-        if checkpoint.index == index:
-            return checkpoint
+        raise CheckpointError(f"{storage.url()} holds no committed checkpoint.")
     raise CheckpointError(
-        f"{storage.url()} has no committed checkpoint {index}; committed: {[c.index for c in committed]}."
+        f"{storage.url()} has no committed checkpoint {index}; committed: {[c.index for c in storage.committed()]}."
     )

@@ -404,22 +404,30 @@ class RunStorage:
             return None
         return Attempt(manifest.step, manifest.generation, folder)
 
-    def committed(self) -> list[CommittedCheckpoint]:
-        """Committed checkpoints of this run, oldest first (an unreadable manifest is skipped, with a warning)."""
-        found = []
-        for attempt in self.attempts():
-            manifest_path = posixpath.join(self.folder(attempt), MANIFEST)
-            raw = self._read(manifest_path)
-            if raw is None:
-                continue
-            try:
-                manifest = Manifest.from_json(raw.decode())
-            except (ValueError, TypeError, KeyError) as exc:
-                logger.warning("skipping %s: its manifest %s is unreadable (%s)", attempt.dirname, manifest_path, exc)
-                continue
-            found.append(CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation,
-                                             attempt.name or None))
-        return found
+    def committed(self, index: int | None = None) -> list[CommittedCheckpoint]:
+        """Committed checkpoints of this run (of `index` only, if given), oldest first (an unreadable
+        manifest is skipped, with a warning)."""
+        attempts = [a for a in self.attempts() if index is None or a.index == index]
+        return [c for c in map(self._committed, attempts) if c is not None]
+
+    def newest_committed(self) -> CommittedCheckpoint | None:
+        """The newest committed checkpoint, reading manifests from the newest folder back only as far
+        as needed (a run may hold thousands)."""
+        return next((c for c in map(self._committed, reversed(self.attempts())) if c is not None), None)
+
+    def _committed(self, attempt: Attempt) -> CommittedCheckpoint | None:
+        """The attempt's checkpoint if its manifest commits it."""
+        manifest_path = posixpath.join(self.folder(attempt), MANIFEST)
+        raw = self._read(manifest_path)
+        if raw is None:
+            return None
+        try:
+            manifest = Manifest.from_json(raw.decode())
+        except (ValueError, TypeError, KeyError) as exc:
+            logger.warning("skipping %s: its manifest %s is unreadable (%s)", attempt.dirname, manifest_path, exc)
+            return None
+        return CommittedCheckpoint(attempt.index, self.url(attempt.dirname), manifest, attempt.generation,
+                                   attempt.name or None)
 
     def read_verified(self, checkpoint: CommittedCheckpoint) -> dict[str, bytes]:
         """The files of a committed checkpoint, each checked against the manifest."""

@@ -11,7 +11,7 @@ import elastic_train as et
 from chaos.faults import ChaosContext
 from chaos.log import FaultLog
 from chaos.targets import RunHandle
-from elastic_train.checkpoint import list_checkpoints, verify_checkpoint
+from elastic_train.checkpoint.storage import RunStorage
 from tests.chaos.invariant_loop import SAMPLES, invariant_loop, reference_params
 from tests.helpers import wait_for
 from tests.loops import read_progress
@@ -91,10 +91,11 @@ def check_invariants(result: et.Result, run_dirs: dict, faults: int, *, redone_p
     reference = reference_params(EPOCHS, GLOBAL_BATCH)
     for key, value in reference.items():
         torch.testing.assert_close(final["model"][key], value, **TOLERANCE)
-    committed = list_checkpoints(result.path, storage_options)
+    storage = RunStorage.at(result.path, storage_options)
+    committed = storage.committed()
     assert committed and committed[-1].index == STEPS
     for checkpoint in committed:
-        assert verify_checkpoint(result.path, checkpoint.index, storage_options) == []
+        assert storage.verify(checkpoint) == []
     redone = steps_redone(run_dirs["log_dir"])
     assert redone <= redone_per_fault * faults, f"{redone} steps redone for {faults} faults"
     return {"redone": redone, "world_sizes": result.world_sizes}
