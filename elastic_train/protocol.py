@@ -208,7 +208,8 @@ class Report:
 class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized
-    persist: bool = False  # store this checkpoint (the persistence cadence chose it)
+    persist: bool = False  # this checkpoint is stored (the persistence cadence chose it)
+    upload: bool = False  # this worker uploads its part (a dict checkpoint several ranks reported: the lowest rank)
     replaceable: bool = True  # a newer checkpoint may replace it before its upload starts
     dir_name: str | None = None  # the folder the report named (the first rank's `checkpoint_dir_name`)
     list_stored: bool = False  # list the checkpoint the loop stored itself (NO_UPLOAD) and report it persisted

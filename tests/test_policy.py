@@ -136,7 +136,7 @@ def _ledger_after(pattern: str, world: int, reports: int, replicas: bool) -> Che
     for index in range(1, reports + 1):
         for rank in range(world):
             names = {"rank0": ["model.pt"] if rank == 0 else None, "same_name": ["step.txt"],
-                     "own_shard": [f"shard_{rank}.pt"], "none": None}[pattern]
+                     "own_shard": [f"shard_{rank}.pt"], "none": None, "every_rank_dict": ["dict_checkpoint.pt"]}[pattern]
             ledger.record(0, world, index, rank, rank, names, {"step": index} if rank == 0 else None, [])
             if replicas and names:
                 ledger.record_replica(0, index, (rank + 1) % world, names)
@@ -159,6 +159,49 @@ def test_the_resume_point_for_each_checkpoint_pattern_and_lost_rank(pattern, los
         assert plan is None
     else:
         assert plan is not None and plan.index == 5 and set(plan.holders) == {1 - lost_rank}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("pattern, uploading_ranks", [("rank0", {0}), ("same_name", {0, 1, 2}), ("own_shard", {0, 1, 2}),
+                                                       ("none", set()), ("every_rank_dict", {0})])
+def test_who_uploads_a_stored_checkpoint(pattern, uploading_ranks):
+    """Every rank that reported a part uploads it (as in Ray Train), except of a dict checkpoint every
+    rank reported: one rank's part is all of it, so rank 0 alone uploads and the others are not waited for."""
+    ledger = _ledger_after(pattern, world=3, reports=1, replicas=False)
+    entry = ledger.entries[1]
+    entry.persist = bool(entry.parts)
+    assert entry.uploaders() == uploading_ranks  # worker id = rank here
+    assert entry.unstored() == uploading_ranks
+    for rank in uploading_ranks:
+        ledger.mark_persisted(1, rank, {name: {"size": 1} for name in entry.parts[rank][1]}, 0)
+    assert entry.unstored() == set() and entry.ready_to_commit == bool(uploading_ranks)
+
+
+@pytest.mark.timeout(10)
+def test_a_long_run_keeps_a_small_ledger_and_what_resumes_and_storage_still_need():
+    """100,000 lockstep reports of 2 ranks: a metrics-only report every step, a live dict part on every
+    rank every 10th, every 100th stored. The ledger stays a few entries long; the newest checkpoints
+    (a resume's candidates), a checkpoint whose upload is still on its way, and a partly stored one
+    that never committed are kept."""
+    ledger = CheckpointLedger(keep=2)
+    for index in range(1, 100_001):
+        names = ["dict_checkpoint.pt"] if index % 10 == 0 else None
+        for rank in range(2):
+            entry = ledger.record(0, 2, index, rank, rank, names, {"step": index}, [])
+        entry.persist = True if index % 100 == 0 else None
+        if index == 50_000:
+            entry.persisted = {0: {"dict_checkpoint.pt": {"size": 1}}}  # rank 1's part never stored
+            entry.given_up = True
+        elif index % 100 == 0 and index != 99_900:  # 99_900: its upload is still on its way
+            entry.committed = True
+        entry.made = True
+        ledger.prune()
+    assert len(ledger.entries) < 200, len(ledger.entries)
+    assert {50_000, 99_900} <= set(ledger.entries)
+    assert [i for i in sorted(ledger.entries) if ledger.entries[i].parts][-5:] == [99_960, 99_970, 99_980, 99_990,
+                                                                                   100_000]
+    assert ledger.resume_plan({1}).index == 100_000
+    assert ledger.abandoned_before(100_000, set()) == [(50_000, 0, None)]
 
 
 # == stragglers and growing memory (supervisor/pace.py) =============================================

@@ -654,7 +654,9 @@ class Supervisor:
             await self._barriers.setdefault(report.index, asyncio.Event()).wait()
         if self._rejects(w, report.generation, report.index):
             return ReportReply(accepted=False)
-        return ReportReply(accepted=True, unwind=entry.unwind, persist=bool(entry.persist) and not entry.registered,
+        persist = bool(entry.persist) and not entry.registered
+        return ReportReply(accepted=True, unwind=entry.unwind, persist=persist,
+                           upload=persist and w.worker_id in entry.uploaders(),
                            replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
                            list_stored=report.registered and w.rank == min(entry.registered_by))
 
@@ -711,6 +713,7 @@ class Supervisor:
                                      [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)], time=made_at),
                         awaits_commit=bool(entry.persist))
         self._fed.set()
+        self._ledger.prune()
 
     def _unagreed(self, w: WorkerRecord, report: Report) -> None:
         """A survivor parks holding the live dict part of a report whose barrier failed after its step

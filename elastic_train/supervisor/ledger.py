@@ -16,6 +16,7 @@ from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE
 from elastic_train.protocol import ResumePlan, WorkerInfo
 
 DICT_PART_NAMES = {DICT_FILE, METADATA_FILE}  # a dict checkpoint's files: one rank's part is all of it
+PRUNE_AFTER = 64  # entries added since the last prune before the next one (keeps pruning O(1) per report)
 
 
 @dataclass
@@ -62,9 +63,22 @@ class ReportEntry:
         stored = (self.registered and bool(self.persisted)) or (bool(self.parts) and self.names <= set(self.file_facts()))
         return self.whole and stored and not self.committed and not self.given_up
 
+    @property
+    def pending(self) -> bool:
+        """Its checkpoint is still to be committed, or parts of it are stored and it never will be."""
+        return not self.committed and ((bool(self.persist) and not self.given_up) or bool(self.persisted))
+
+    def uploaders(self) -> set[int]:
+        """The workers that store a part: every reporter, as in Ray Train, except of a dict checkpoint
+        (one rank's part is all of it): its lowest-ranked reporter alone. So every rank reporting its
+        live state (`Checkpoint.from_dict`) costs storage one upload, not one per rank."""
+        if self.parts and self.names <= DICT_PART_NAMES:
+            return {self.parts[min(self.parts)][0]}
+        return {wid for wid, _ in self.parts.values()}
+
     def unstored(self) -> set[int]:
         """The workers told to store a part of this checkpoint that have not reported it stored."""
-        return {wid for wid, _ in self.parts.values() if wid not in self.persisted} if self.persist else set()
+        return self.uploaders() - set(self.persisted) if self.persist else set()
 
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory: its reporters, by rank, then replica keepers."""
@@ -83,6 +97,21 @@ class CheckpointLedger:
     def __init__(self, keep: int):
         self._keep = keep  # checkpoints each worker holds in memory
         self.entries: dict[int, ReportEntry] = {}
+        self._prune_at = PRUNE_AFTER
+
+    def prune(self) -> None:
+        """Forget the reports no decision needs any more; called after each made report, it works once
+        the ledger doubled since its last pass. Without it a run of a million reports would keep a
+        million entries, each with every rank's metrics, and each commit would scan them all. Kept: a
+        report not yet made; a checkpoint awaited in storage, or stored in part and not committed
+        (`abandoned_before` removes its folder); the newest 2 x `keep` + 1 checkpoints (a resume may
+        still be served from memory)."""
+        if len(self.entries) < self._prune_at:
+            return
+        recent = set(sorted((i for i, e in self.entries.items() if e.parts), reverse=True)[: 2 * self._keep + 1])
+        for i in [i for i, e in self.entries.items() if e.made and i not in recent and not e.pending]:
+            del self.entries[i]
+        self._prune_at = 2 * len(self.entries) + PRUNE_AFTER
 
     def record(
         self,

@@ -357,7 +357,7 @@ class TrainSession:
             part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
                               dir_name=reply.dir_name)
             self._unpersisted = None if reply.persist else (part, live)
-            if reply.persist:
+            if reply.upload:
                 waited = self._persist(part)
                 if waited is None:  # the generation ended while the report waited for upload room
                     raise GenerationEnded()
