@@ -12,7 +12,7 @@ import torch
 
 import elastic_train as et
 from elastic_train.checkpoint.catalog import list_checkpoints, verify_checkpoint
-from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, dict_from_bytes
+from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, dict_from_bytes, needs_replica
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.live_part import LivePart
@@ -132,6 +132,17 @@ def _check_counting_run(result: et.Result, run_dirs: dict) -> list[dict]:
     assert [h["step"] for h in result.metrics_history] == list(range(1, 19))
     fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
     return [e for e in result.events if e["kind"] == "generation" and e["time"] > fault["time"]]
+
+
+@pytest.mark.timeout(30)
+def test_a_dict_checkpoint_every_rank_holds_is_not_copied_to_a_peer():
+    """Every rank reporting its state as a dict holds all of it: a copy on the buddy would double each
+    rank's memory for nothing. Rank 0 alone reporting it, or any directory part, is copied."""
+    assert not needs_replica([DICT_FILE], every_rank_holds_one=True)
+    assert not needs_replica([DICT_FILE, METADATA_FILE], every_rank_holds_one=True)
+    assert needs_replica([DICT_FILE], every_rank_holds_one=False)  # rank 0's alone: its loss would lose it
+    assert needs_replica(["model.pt"], every_rank_holds_one=True)  # a directory: its files may differ by rank
+    assert needs_replica([DICT_FILE, "shard_0.pt"], every_rank_holds_one=True)
 
 
 @pytest.mark.timeout(180)

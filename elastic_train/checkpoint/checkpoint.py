@@ -27,6 +27,13 @@ from elastic_train.errors import CheckpointError
 
 DICT_FILE = "dict_checkpoint.pt"
 METADATA_FILE = ".metadata.json"  # Checkpoint.set_metadata's file, as in Ray Train
+DICT_PART_NAMES = {DICT_FILE, METADATA_FILE}  # a dict checkpoint's files: one rank's part is all of it
+
+
+def needs_replica(names: list[str], every_rank_holds_one: bool) -> bool:
+    """Should a rank's part be copied to a peer? Not a dict checkpoint that every rank reported: each
+    rank then holds all of it already (a copy would double every rank's memory for nothing)."""
+    return not (every_rank_holds_one and set(names) <= DICT_PART_NAMES)
 
 
 def dict_to_bytes(data: dict[str, Any]) -> bytes:

@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE
+from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES
 from elastic_train.protocol import ResumePlan, WorkerInfo
 
-DICT_PART_NAMES = {DICT_FILE, METADATA_FILE}  # a dict checkpoint's files: one rank's part is all of it
 PRUNE_AFTER = 64  # entries added since the last prune before the next one (keeps pruning O(1) per report)
 
 

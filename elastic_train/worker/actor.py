@@ -283,11 +283,13 @@ class TrainWorker:
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
-    def _keep_snapshot(self, held: HeldCheckpoint, part: Part) -> None:
-        """A reported part: held in memory, and its files copied to the buddy (if any) in the
-        background. A live part is not copied: its tensors change under the copy (live_part.py)."""
+    def _keep_snapshot(self, held: HeldCheckpoint, part: Part, replicate: bool) -> None:
+        """A reported part: held in memory, and with `replicate` its files copied to the buddy (if
+        any) in the background. A live part is not copied: its tensors change under the copy
+        (live_part.py)."""
         self._memory.put(held, part)
-        if isinstance(part, dict) and self._assignment is not None and self._assignment.buddy is not None:
+        if (replicate and isinstance(part, dict) and self._assignment is not None
+                and self._assignment.buddy is not None):
             self._replicator.submit(self._assignment.buddy, held, part)
 
     def _store_resumed(self, assignment: Assignment) -> None:

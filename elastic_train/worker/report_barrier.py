@@ -28,20 +28,21 @@ import torch.distributed as dist
 class Agreed:
     """What every rank decided together at one report."""
 
-    checkpoint: bool  # some rank reports a checkpoint
+    checkpoint: bool  # some rank reports a checkpoint the supervisor decides on
     unwind: bool  # some rank was asked to unwind at this report
+    every_part: bool  # every rank reports a checkpoint part
 
 
-def agree(checkpoint: bool, unwind: bool) -> Agreed:
+def agree(checkpoint: bool, unwind: bool, part: bool) -> Agreed:
     """The group's decision from this rank's flags: an all-reduce (MAX) of them, a barrier."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return Agreed(checkpoint, unwind)
+        return Agreed(checkpoint, unwind, part)
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.tensor([int(checkpoint), int(unwind)], dtype=torch.int32, device=device)
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part)], dtype=torch.int32, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    any_checkpoint, any_unwind = flags.tolist()
-    return Agreed(bool(any_checkpoint), bool(any_unwind))
+    any_checkpoint, any_unwind, some_without = flags.tolist()
+    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without)
 
 
 def collectives_done() -> int | None:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 import psutil
 import ray
 
-from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local
+from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local, needs_replica
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.config import CheckpointConfig
@@ -133,7 +133,7 @@ class TrainSession:
         worker_id: int,
         supervisor: Any,
         context: TrainContext,
-        keep: Callable[[HeldCheckpoint, dict[str, bytes]], None],
+        keep: Callable[[HeldCheckpoint, Part, bool], None],  # (held, part, copy it to the buddy)
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         persist: Callable[[PartUpload], float | None],
         send_report: Callable[[Report], None],
@@ -237,8 +237,9 @@ class TrainSession:
                         mode is CheckpointUploadMode.SYNC, pace, store)
         # The supervisor decides on a checkpoint's storage, except for a live part not due to be stored.
         agreed = self._agree(checkpoint is not None and store is not False, held, live, report)
+        replicate = held is not None and needs_replica(held.names, agreed.every_part)
         if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
-            self._keep(held, files if files is not None else live)
+            self._keep(held, files if files is not None else live, replicate)
         if live is not None:
             self._live_reports += 1
         if not agreed.checkpoint:  # nothing to decide: the supervisor records it in the background
@@ -250,7 +251,7 @@ class TrainSession:
             return
         self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
         reply = self._supervisor.report.remote(self.worker_id, report)
-        unwind = self._settle(self.index, reply, held, files, live)  # made: the next generation resumes from it
+        unwind = self._settle(self.index, reply, held, files, live, replicate)  # made: the next generation resumes from it
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
         if unwind or agreed.unwind:
@@ -264,7 +265,7 @@ class TrainSession:
             self._keep_unagreed(held, live, report, stepped)
             raise GenerationEnded()
         try:
-            agreed = agree(checkpoint, self._unwind_due(self.index))
+            agreed = agree(checkpoint, self._unwind_due(self.index), held is not None)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._keep_unagreed(held, live, report, stepped)
             if self._generation_ended():
@@ -281,7 +282,7 @@ class TrainSession:
         freshest there is: the previous report's live part holds the same tensors, moved on since. The
         supervisor hears of it when this worker parks, and may resume the next generation from it."""
         if held is not None and live is not None and stepped:
-            self._keep(held, live)
+            self._keep(held, live, False)
             self.unagreed = report
 
     def preemption_info(self) -> PreemptionInfo | None:
@@ -333,7 +334,7 @@ class TrainSession:
         return self._step_s + time.monotonic() - self._outside_since
 
     def _settle(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
-                live: LivePart | None) -> bool:
+                live: LivePart | None, replicate: bool) -> bool:
         """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)
         if not reply.accepted:
@@ -352,7 +353,7 @@ class TrainSession:
                         f"the tensors of report {index}'s Checkpoint.from_dict were written to while report() "
                         "stored them (by another thread of the loop?): report a dict of copies "
                         "({k: v.clone() ...}) if the loop must go on writing them.")
-                self._keep(held, files)
+                self._keep(held, files, replicate)
                 self._live_reports, self._live_stored_at = 0, time.monotonic()
             part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
                               dir_name=reply.dir_name)
