@@ -197,6 +197,13 @@ class CheckpointConfig:
                 f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r}: use 'max' or 'min'."
             )
 
+    @property
+    def replaceable(self) -> bool:
+        """May a newer checkpoint replace a chosen one still waiting for its upload? Under a cadence,
+        unless checkpoints are kept by score (skipping one could lose the best)."""
+        no_cadence = self.persist_every_n_reports is None and self.persist_interval_s is None
+        return not no_cadence and self.checkpoint_score_attribute is None
+
     def persist_due(self, reports_since: int, since_stored_s: float) -> bool:
         """Is a reported checkpoint due to be stored, the `reports_since`-th since the last one stored,
         `since_stored_s` after it? Always, without a cadence. The supervisor asks for the checkpoints

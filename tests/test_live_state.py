@@ -16,6 +16,7 @@ from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, dict_f
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.live_part import LivePart
+from elastic_train.worker.report_barrier import Agreed
 from elastic_train.worker.session import CheckpointMemory
 from tests.loops import read_progress, sample_counting_loop
 
@@ -143,6 +144,22 @@ def test_a_dict_checkpoint_every_rank_holds_is_not_copied_to_a_peer():
     assert needs_replica([DICT_FILE], every_rank_holds_one=False)  # rank 0's alone: its loss would lose it
     assert needs_replica(["model.pt"], every_rank_holds_one=True)  # a directory: its files may differ by rank
     assert needs_replica([DICT_FILE, "shard_0.pt"], every_rank_holds_one=True)
+
+
+@pytest.mark.timeout(30)
+def test_a_live_part_every_rank_holds_is_stored_without_a_round_trip():
+    """Every rank holding its live dict part: rank 0's is all of it, so the ranks store it (rank 0
+    uploads) without asking the supervisor. A checkpoint the supervisor decides on, or a due live part
+    some rank lacks (it names who uploads), takes the round trip."""
+    def agreed(checkpoint=False, every_part=True, store_live=False):
+        return Agreed(checkpoint=checkpoint, unwind=False, every_part=every_part, store_live=store_live)
+
+    assert not agreed(store_live=True).round_trip  # every rank's live part, due: rank 0 stores it
+    assert not agreed(store_live=False).round_trip  # not due: recorded in the background
+    assert agreed(every_part=False, store_live=True).round_trip  # rank 0 alone reports its live state
+    assert not agreed(every_part=False, store_live=False).round_trip
+    assert agreed(checkpoint=True).round_trip  # a folder, a SYNC dict, a named live part
+    assert agreed(checkpoint=True, store_live=True).round_trip
 
 
 @pytest.mark.timeout(180)

@@ -713,6 +713,7 @@ class Supervisor:
                                      [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)], time=made_at),
                         awaits_commit=bool(entry.persist))
         self._fed.set()
+        self._commits.commit_if_ready(index, entry)  # its stored part may have come before its last report
         self._ledger.prune()
 
     def _unagreed(self, w: WorkerRecord, report: Report) -> None:

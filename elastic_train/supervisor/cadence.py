@@ -34,7 +34,7 @@ class PersistCadence:
     @property
     def replaceable(self) -> bool:
         """May a newer checkpoint replace a chosen one still waiting for its upload?"""
-        return not self.every and self._config.checkpoint_score_attribute is None
+        return self._config.replaceable
 
     def choose(self, index: int, now: float) -> bool:
         """Is reported checkpoint `index` to be stored?"""

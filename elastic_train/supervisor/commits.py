@@ -15,7 +15,7 @@ from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +104,16 @@ class Commits:
         checkpoint. A part of another generation than the one the ledger holds for `index` is
         ignored: it was stored into its own generation's folder, which is never committed."""
         entry = self._ledger.mark_persisted(index, worker_id, facts, generation)
-        if entry is None or not entry.ready_to_commit:
+        if entry is not None:
+            self.commit_if_ready(index, entry)
+
+    def commit_if_ready(self, index: int, entry: ReportEntry) -> None:
+        """Commit checkpoint `index` once it is whole and stored: at its last part's storing, or at its
+        last report, which may come after (a dict checkpoint every rank holds is stored by rank 0
+        without waiting for the others' reports: worker/session.py)."""
+        if not entry.ready_to_commit:
             return
+        generation = entry.generation
         try:
             # From here until `_commit` ends, no sweep or deletion of this process removes the folder.
             self._storage.begin_commit(Attempt(index, generation, entry.dir_name))

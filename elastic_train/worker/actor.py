@@ -351,6 +351,9 @@ class TrainWorker:
         began = time.monotonic()
         facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name)
         upload_s = time.monotonic() - began
+        # Its report first (the supervisor knows no checkpoint before a report of it), sent in the
+        # background when no round trip decided the storing (session.py).
+        self._reports.flush(self._spec.elastic.persist_flush_timeout_s)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
         ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts, upload_s))
 

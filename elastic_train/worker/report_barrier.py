@@ -3,13 +3,16 @@
 Every rank calls `report()` alike (as in Ray Train), and no rank may leave report `k` before every
 rank has made it: then no rank runs a step past a lost peer's last report, so at most one step is
 redone even in a loop with no collective. The supervisor used to be that barrier, a Ray round trip
-per report (~5 ms a step on 2 cores). Here it is one all-reduce of two flags over the group the
+per report (~5 ms a step on 2 cores). Here it is one all-reduce of a few flags over the group the
 loop already has, which also carries what every rank must decide alike:
 
-* `checkpoint`: some rank reports a checkpoint, so every rank takes the round trip through the
-  supervisor, which decides whether it is stored and answers once it is recorded;
+* `checkpoint`: some rank reports a checkpoint the supervisor decides on, so every rank takes the
+  round trip through it, which decides whether it is stored and answers once it is recorded;
 * `unwind`: some rank was asked to leave the loop at this report (the group is being resized):
-  all ranks leave after the same report.
+  all ranks leave after the same report;
+* `every_part`: every rank reports a checkpoint part;
+* `store_live`: some rank holds a live dict part due to be stored (`CheckpointConfig.persist_due`).
+  When every rank holds one, the ranks need no one to decide: rank 0 stores it, none takes a round trip.
 
 A lost peer makes the all-reduce fail (gloo: its connection closes; a hung one: the supervisor
 aborts the group); the loop then unwinds like any failed collective. Its wait is bounded by
@@ -31,18 +34,27 @@ class Agreed:
     checkpoint: bool  # some rank reports a checkpoint the supervisor decides on
     unwind: bool  # some rank was asked to unwind at this report
     every_part: bool  # every rank reports a checkpoint part
+    store_live: bool  # some rank's live dict part is due to be stored
+
+    @property
+    def round_trip(self) -> bool:
+        """Must every rank ask the supervisor at this report? For a checkpoint it decides on, or a live
+        part due to be stored that not every rank holds (the supervisor names who stores it). When every
+        rank holds a live dict part, rank 0's is all of it: rank 0 stores it, and no one asks."""
+        return self.checkpoint or (self.store_live and not self.every_part)
 
 
-def agree(checkpoint: bool, unwind: bool, part: bool) -> Agreed:
+def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
     """The group's decision from this rank's flags: an all-reduce (MAX) of them, a barrier."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return Agreed(checkpoint, unwind, part)
+        return Agreed(checkpoint, unwind, part, store_live)
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.tensor([int(checkpoint), int(unwind), int(not part)], dtype=torch.int32, device=device)
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live)], dtype=torch.int32,
+                         device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    any_checkpoint, any_unwind, some_without = flags.tolist()
-    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without)
+    any_checkpoint, any_unwind, some_without, any_store_live = flags.tolist()
+    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live))
 
 
 def collectives_done() -> int | None:

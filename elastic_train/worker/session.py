@@ -235,16 +235,23 @@ class TrainSession:
                                                                           time.monotonic() - self._live_stored_at)
         report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
                         mode is CheckpointUploadMode.SYNC, pace, store)
-        # The supervisor decides on a checkpoint's storage, except for a live part not due to be stored.
-        agreed = self._agree(checkpoint is not None and store is not False, held, live, report)
+        # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
+        decide = checkpoint is not None and (live is None or dir_name is not None)
+        agreed = self._agree(decide, held, live, report, bool(store))
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
         if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
             self._keep(held, files if files is not None else live, replicate)
         if live is not None:
             self._live_reports += 1
-        if not agreed.checkpoint:  # nothing to decide: the supervisor records it in the background
+        if not agreed.round_trip:  # the supervisor records it in the background
+            report.store = agreed.store_live if live is not None else None
             self._send_report(report)
-            if live is not None:
+            if live is not None and agreed.store_live:  # every rank holds its live part: rank 0's is stored
+                self._live_reports, self._live_stored_at = 0, time.monotonic()
+                if assignment.rank == 0:
+                    self._upload(PartUpload(assignment.generation, self.index, self._copy_live(held, live, replicate),
+                                            replaceable=self._checkpointing.replaceable))
+            elif live is not None:
                 self._unpersisted = (PartUpload(assignment.generation, self.index, {}, dir_name=dir_name), live)
             if agreed.unwind:
                 raise GenerationEnded()
@@ -257,7 +264,8 @@ class TrainSession:
         if unwind or agreed.unwind:
             raise GenerationEnded()
 
-    def _agree(self, checkpoint: bool, held: HeldCheckpoint | None, live: LivePart | None, report: Report) -> Agreed:
+    def _agree(self, checkpoint: bool, held: HeldCheckpoint | None, live: LivePart | None, report: Report,
+               store_live: bool) -> Agreed:
         """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
         done, seen = collectives_done(), self._collectives_seen
         stepped = self.context.get_world_size() == 1 or (done is not None and seen is not None and done > seen)
@@ -265,7 +273,7 @@ class TrainSession:
             self._keep_unagreed(held, live, report, stepped)
             raise GenerationEnded()
         try:
-            agreed = agree(checkpoint, self._unwind_due(self.index), held is not None)
+            agreed = agree(checkpoint, self._unwind_due(self.index), held is not None, store_live)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._keep_unagreed(held, live, report, stepped)
             if self._generation_ended():
@@ -346,25 +354,35 @@ class TrainSession:
             ray.get(self._supervisor.part_persisted.remote(self.worker_id, self.context.assignment.generation, index,
                                                            facts))
         if held is not None and (files is not None or live is not None):
-            if reply.persist and live is not None:  # the consistent copy to store, taken while the loop waits here
-                files = live.files()
-                if files is None:
-                    raise CheckpointError(
-                        f"the tensors of report {index}'s Checkpoint.from_dict were written to while report() "
-                        "stored them (by another thread of the loop?): report a dict of copies "
-                        "({k: v.clone() ...}) if the loop must go on writing them.")
-                self._keep(held, files, replicate)
+            if reply.persist and live is not None:
+                files = self._copy_live(held, live, replicate)
                 self._live_reports, self._live_stored_at = 0, time.monotonic()
             part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
                               dir_name=reply.dir_name)
             self._unpersisted = None if reply.persist else (part, live)
             if reply.upload:
-                waited = self._persist(part)
-                if waited is None:  # the generation ended while the report waited for upload room
-                    raise GenerationEnded()
-                if waited > UPLOAD_WAIT_NOTED_S:
-                    self._supervisor.upload_waited.remote(self.worker_id, index, waited)
+                self._upload(part)
         return reply.unwind
+
+    def _copy_live(self, held: HeldCheckpoint, live: LivePart, replicate: bool) -> dict[str, bytes]:
+        """The consistent copy of a live part to store, taken while the loop waits in report(); held
+        in its place."""
+        files = live.files()
+        if files is None:
+            raise CheckpointError(
+                f"the tensors of report {held.index}'s Checkpoint.from_dict were written to while report() "
+                "stored them (by another thread of the loop?): report a dict of copies "
+                "({k: v.clone() ...}) if the loop must go on writing them.")
+        self._keep(held, files, replicate)
+        return files
+
+    def _upload(self, part: PartUpload) -> None:
+        """Hand a part to the persister (it waits for room in the upload queue)."""
+        waited = self._persist(part)
+        if waited is None:  # the generation ended while the report waited for upload room
+            raise GenerationEnded()
+        if waited > UPLOAD_WAIT_NOTED_S:
+            self._supervisor.upload_waited.remote(self.worker_id, part.index, waited)
 
     def unpersisted(self) -> PartUpload | None:
         """The newest reported part, when the cadence skipped it (the loop returned: it is stored now);
