@@ -162,6 +162,28 @@ def test_a_live_part_every_rank_holds_is_stored_without_a_round_trip():
     assert agreed(checkpoint=True, store_live=True).round_trip
 
 
+def _state_every_step_loop(config: dict) -> None:
+    for step in range(1, config["steps"] + 1):
+        et.report({"step": step}, checkpoint=et.Checkpoint.from_dict({"step": step}))
+
+
+@pytest.mark.timeout(120)
+def test_every_rank_reporting_its_state_stores_the_due_ones_and_the_last(local_ray, run_dirs):
+    """Every rank reports its state each step, every 2nd stored: rank 0 stores the due ones with no round
+    trip to the supervisor, and the loop's last one when it ends; no other (a dict holding no tensor
+    never goes stale, so one not stored must not be uploaded later)."""
+    for steps, stored in ((4, [2, 4]), (5, [2, 4, 5])):
+        result = et.TorchTrainer(
+            _state_every_step_loop, train_loop_config={"steps": steps},
+            scaling_config=et.ScalingConfig(num_workers=2),
+            run_config=et.RunConfig(storage_path=run_dirs["storage"], name=f"run_{steps}",
+                                    checkpoint_config=et.CheckpointConfig(persist_every_n_reports=2)),
+        ).fit()
+        assert result.error is None, result.error
+        assert [c.index for c in list_checkpoints(result.path)] == stored
+        assert result.checkpoint.to_dict() == {"step": steps}
+
+
 @pytest.mark.timeout(180)
 def test_a_peer_lost_after_the_steps_all_reduce_costs_no_step(local_ray, run_dirs):
     """Rank 1 dies after its share of step 7 is all-reduced, before its report: rank 0's report 7

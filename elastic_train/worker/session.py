@@ -247,12 +247,14 @@ class TrainSession:
             report.store = agreed.store_live if live is not None else None
             self._send_report(report)
             if live is not None and agreed.store_live:  # every rank holds its live part: rank 0's is stored
-                self._live_reports, self._live_stored_at = 0, time.monotonic()
+                self._live_reports, self._live_stored_at, self._unpersisted = 0, time.monotonic(), None
                 if assignment.rank == 0:
                     self._upload(PartUpload(assignment.generation, self.index, self._copy_live(held, live, replicate),
                                             replaceable=self._checkpointing.replaceable))
-            elif live is not None:
-                self._unpersisted = (PartUpload(assignment.generation, self.index, {}, dir_name=dir_name), live)
+            elif live is not None:  # stored if the loop ends here: by rank 0 alone if every rank holds it
+                keeps = assignment.rank == 0 or not agreed.every_part
+                self._unpersisted = (PartUpload(assignment.generation, self.index, {}, dir_name=dir_name), live) \
+                    if keeps else None
             if agreed.unwind:
                 raise GenerationEnded()
             return
