@@ -171,8 +171,9 @@ def _state_every_step_loop(config: dict) -> None:
 def test_every_rank_reporting_its_state_stores_the_due_ones_and_the_last(local_ray, run_dirs):
     """Every rank reports its state each step, every 2nd stored: rank 0 stores the due ones with no round
     trip to the supervisor, and the loop's last one when it ends; no other (a dict holding no tensor
-    never goes stale, so one not stored must not be uploaded later)."""
-    for steps, stored in ((4, [2, 4]), (5, [2, 4, 5])):
+    never goes stale, so one not stored must not be uploaded later). Under a cadence an upload still
+    waiting may be replaced by a newer one: 4 may give way to the last, 5."""
+    for steps, stored in ((4, {2, 4}), (5, {2, 4, 5})):
         result = et.TorchTrainer(
             _state_every_step_loop, train_loop_config={"steps": steps},
             scaling_config=et.ScalingConfig(num_workers=2),
@@ -180,7 +181,8 @@ def test_every_rank_reporting_its_state_stores_the_due_ones_and_the_last(local_r
                                     checkpoint_config=et.CheckpointConfig(persist_every_n_reports=2)),
         ).fit()
         assert result.error is None, result.error
-        assert [c.index for c in list_checkpoints(result.path)] == stored
+        indices = [c.index for c in list_checkpoints(result.path)]
+        assert indices[-1] == steps and set(indices) <= stored, indices
         assert result.checkpoint.to_dict() == {"step": steps}
 
 
