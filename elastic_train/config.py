@@ -198,11 +198,15 @@ class CheckpointConfig:
             )
 
     @property
+    def stores_every(self) -> bool:
+        """No cadence was asked for: every reported checkpoint is stored (Ray Train's contract)."""
+        return self.persist_every_n_reports is None and self.persist_interval_s is None
+
+    @property
     def replaceable(self) -> bool:
         """May a newer checkpoint replace a chosen one still waiting for its upload? Under a cadence,
         unless checkpoints are kept by score (skipping one could lose the best)."""
-        no_cadence = self.persist_every_n_reports is None and self.persist_interval_s is None
-        return not no_cadence and self.checkpoint_score_attribute is None
+        return not self.stores_every and self.checkpoint_score_attribute is None
 
     def persist_due(self, reports_since: int, since_stored_s: float) -> bool:
         """Is a reported checkpoint due to be stored, the `reports_since`-th since the last one stored,
@@ -210,9 +214,9 @@ class CheckpointConfig:
         it decides on (supervisor/cadence.py); the ranks ask for the live dict parts they hold
         (worker/session.py), which must be copied before the loop goes on, so they decide at the
         report's barrier and tell the supervisor."""
-        n, interval = self.persist_every_n_reports, self.persist_interval_s
-        if n is None and interval is None:
+        if self.stores_every:
             return True
+        n, interval = self.persist_every_n_reports, self.persist_interval_s
         return (n is not None and reports_since >= n) or (interval is not None and since_stored_s >= interval)
 
 

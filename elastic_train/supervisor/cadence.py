@@ -27,18 +27,13 @@ class PersistCadence:
         self._in_flight: int | None = None  # the chosen checkpoint not yet committed or given up
 
     @property
-    def every(self) -> bool:
-        """No cadence was asked for: every reported checkpoint is stored."""
-        return self._config.persist_every_n_reports is None and self._config.persist_interval_s is None
-
-    @property
     def replaceable(self) -> bool:
         """May a newer checkpoint replace a chosen one still waiting for its upload?"""
         return self._config.replaceable
 
     def choose(self, index: int, now: float) -> bool:
         """Is reported checkpoint `index` to be stored?"""
-        if self.every:
+        if self._config.stores_every:
             return True
         self._reports_since += 1
         if not self._config.persist_due(self._reports_since, now - self._last_chosen) or (
