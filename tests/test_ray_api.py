@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+import ray.train  # the configs compared field by field below (a test run alone has not imported it)
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
