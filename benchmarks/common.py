@@ -60,7 +60,9 @@ class Checkpointing:
     """How the workload checkpoints: rank 0 reports one every `every` steps (and at the last), every
     system alike. With `live`, elastic_train's ranks instead all report their live state every step
     (`Checkpoint.from_dict`: held in memory, serialized only to be stored or for a recovery), and every
-    `every`-th report is stored (`CheckpointConfig.persist_every_n_reports`)."""
+    `every`-th report is stored (`CheckpointConfig.persist_every_n_reports`). With `every` 0 no system
+    reports a checkpoint: elastic_train keeps its model and optimizer live
+    (`prepare_model(model, live_state=True)`); Ray Train, with nothing to resume from, starts over."""
 
     every: int = 1
     live: bool = False
@@ -72,19 +74,25 @@ class Checkpointing:
         return et.CheckpointConfig(persist_every_n_reports=self.every) if self.live else None
 
     def describe(self) -> str:
+        if self.every == 0:
+            return "no checkpoint in the loop (elastic_train: its model and optimizer kept live)"
         stored = f"a checkpoint every {self.every} step(s)"
         return f"elastic_train: live state every step, {stored} stored; others: {stored}" if self.live else stored
 
 
 def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=1,
-                        help="rank 0 reports a checkpoint every this many steps (and at the last), every system alike")
+                        help="rank 0 reports a checkpoint every this many steps (and at the last), every system alike; "
+                             "0: no checkpoint in the loop (elastic_train keeps its model and optimizer live)")
     parser.add_argument("--live", action="store_true",
                         help="elastic_train: every rank reports its live state every step (Checkpoint.from_dict), "
                              "every --checkpoint-every-th stored")
 
 
 def chosen_checkpointing(args: argparse.Namespace) -> Checkpointing:
+    if args.checkpoint_every < 0 or (args.live and args.checkpoint_every == 0):
+        raise SystemExit("--checkpoint-every must be at least 1 with --live (the live state's storing cadence), "
+                         "and 0 or more without it")
     return Checkpointing(args.checkpoint_every, args.live)
 
 
@@ -120,7 +128,8 @@ def train_loop(config: dict[str, Any]) -> None:
     "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
     checkpoint every `checkpoint_every` steps (default 1; Ray Train's usual pattern), resumed from
     `get_checkpoint()`; the other reports carry metrics only. With `live` (elastic_train only: see
-    `Checkpointing`), every rank reports its live state every step instead. Every rank
+    `Checkpointing`), every rank reports its live state every step instead; with `checkpoint_every`
+    0, no checkpoint at all (elastic_train keeps the model and optimizer live). Every rank
     logs each step's start and end to `<log_dir>/progress.jsonl` before reporting. With `kills` and
     `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
     api = importlib.import_module(config["api"])
@@ -130,7 +139,9 @@ def train_loop(config: dict[str, Any]) -> None:
     log = Path(config["log_dir"])
     model, optimizer = build_model()
     live = config.get("live", False) and config["api"] == "elastic_train"
-    start = 1
+    every = config.get("checkpoint_every", 1)
+    kept = every == 0 and config["api"] == "elastic_train"  # no checkpoint: the model and optimizer kept live
+    start = context.get_resume_index() + 1 if kept else 1
     checkpoint = api.get_checkpoint()
     if checkpoint is not None:
         if live:
@@ -141,7 +152,7 @@ def train_loop(config: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
-    ddp = prepare_model(model)
+    ddp = prepare_model(model, live_state=True) if kept else prepare_model(model)
     for step in range(start, config["steps"] + 1):
         if rank == 1 and config.get("kills"):
             _kill_if_due(log, step, config["kills"], config["kill_every"])
@@ -156,7 +167,7 @@ def train_loop(config: dict[str, Any]) -> None:
             api.report(metrics, checkpoint=api.Checkpoint.from_dict(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}))
             continue
-        due = step % config.get("checkpoint_every", 1) == 0 or step == config["steps"]
+        due = every > 0 and (step % every == 0 or step == config["steps"])
         if rank != 0 or not due:
             api.report(metrics)
             continue

@@ -11,6 +11,8 @@ What: one loop, written once and parameterized by the API module it calls (`elas
 `ray.train`): 2 workers, a small DDP model, a fixed step time, and a checkpoint every step (rank 0
 saves model + optimizer + step into a temporary directory and reports `Checkpoint.from_directory`,
 the other rank reports none: Ray Train's recommended pattern). It resumes from `get_checkpoint()` (torchft: from a live peer's state).
+`--checkpoint-every 0` reports no checkpoint at all: elastic_train keeps the model and optimizer live
+(`prepare_model(model, live_state=True)`), Ray Train starts over from step 1.
 `--framework lightning|transformers` runs the same workload as a PyTorch Lightning or a Hugging Face
 Transformers loop instead (`benchmarks.lightning_loop`, `benchmarks.transformers_loop`), written the
 way each system's guide for that framework has it, reporting a checkpoint every step.
@@ -34,6 +36,7 @@ and takes one report per worker per poll, so reporting every step caps its steps
 `--ray-poll-s` sets that interval (for Ray Train only).
 
     python -m benchmarks.kill_recovery --kills 10 --out results/kill_recovery
+    python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --systems elastic_train,torchft
     python -m benchmarks.kill_recovery --framework lightning --quick
 """
 
@@ -196,8 +199,9 @@ def main() -> None:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
         systems.remove("torchft")
-    if args.framework != "torch" and args.live:
-        parser.error("--live is for the torch loop: Lightning and transformers loops report their own checkpoints")
+    if args.framework != "torch" and (args.live or args.checkpoint_every == 0):
+        parser.error("--live and --checkpoint-every 0 are for the torch loop: Lightning and transformers loops "
+                     "report their own checkpoints")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills

@@ -25,6 +25,9 @@ writes them to a file in the run's log folder when the loop ends. Variants:
   model + optimizer state: held in memory, serialized only when stored or for a recovery), and
   every 10th is stored (`CheckpointConfig(persist_every_n_reports=10)`): recovery from the state of
   the last step, at the storage cost of a checkpoint every 10 steps.
+* `elastic_train+kept`: no checkpoint at all; `prepare_model(model, live_state=True)` keeps the model
+  and optimizer live, so each `report(metrics)` holds their state by reference for a recovery from
+  the last step. Nothing is stored.
 * `torchft`: torchft 0.2.0 in its recommended setup (`benchmarks.torchft_system`: a Lighthouse, a
   replica group per worker, its DDP and Optimizer wrappers, a quorum every step; its DDP comm hook
   patched for gloo), the same model, batches and compute; no checkpoint (it heals from live peers).
@@ -72,7 +75,7 @@ SKIP_STEPS = 5
 BASELINE = "plain_ddp"
 CHECKPOINT_EVERY = 10  # the sparse-checkpoint variant's interval (issue 14's target: >= 0.95 of plain DDP)
 SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint", f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
-           f"elastic_train+live/{CHECKPOINT_EVERY}", "torchft")
+           f"elastic_train+live/{CHECKPOINT_EVERY}", "elastic_train+kept", "torchft")
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -109,7 +112,8 @@ def ddp_worker(rank: int, port: int, config: dict[str, Any]) -> None:
 
 def elastic_loop(config: dict[str, Any]) -> None:
     """The elastic_train loop: report every step, with rank 0's checkpoint every `config["checkpoint"]`
-    steps (0: none), or with every rank's live state (`config["live"]`)."""
+    steps (0: none), or with every rank's live state (`config["live"]`), or with none and the model
+    and optimizer kept live (`config["kept"]`)."""
     rank = et.get_context().get_world_rank()
     model, optimizer = _build()
 
@@ -126,7 +130,7 @@ def elastic_loop(config: dict[str, Any]) -> None:
                        Path(d) / "state.pt")
             et.report(metrics, checkpoint=et.Checkpoint.from_directory(d))
 
-    _run_steps(et.torch.prepare_model(model), optimizer, rank, config, report)
+    _run_steps(et.torch.prepare_model(model, live_state=config["kept"]), optimizer, rank, config, report)
 
 
 def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> list[float]:
@@ -136,7 +140,8 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
     log.mkdir(parents=True)
     every = int(system.rpartition("/")[2]) if "/" in system else 1
     config = {"steps": steps, "step_time": step_time, "log_dir": str(log),
-              "checkpoint": every if "+checkpoint" in system else 0, "live": "+live" in system}
+              "checkpoint": every if "+checkpoint" in system else 0, "live": "+live" in system,
+              "kept": "+kept" in system}
     if system == BASELINE:
         mp.spawn(ddp_worker, args=(free_port(), config), nprocs=NUM_WORKERS, join=True)
     else:

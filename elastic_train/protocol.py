@@ -79,6 +79,9 @@ class ResumePlan:
     # Chosen to be stored, but its barrier failed before any rank stored it: its holders store it.
     store: bool = False
     dir_name: str | None = None  # the folder its report named, to store it in
+    # The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): restored into
+    # the model and its optimizer, never stored, not a checkpoint for `get_checkpoint()`.
+    state_only: bool = False
 
 
 @dataclass
@@ -201,7 +204,8 @@ class Report:
     registered: bool = False  # the loop stored the checkpoint itself (NO_UPLOAD)
     sync: bool = False  # SYNC: stored whatever the cadence
     pace: Pace | None = None
-    store: bool | None = None  # a live dict part: whether its rank found it due to be stored; None: the cadence's call
+    # A live dict part: whether its rank found it due to be stored (never a kept state's); None: the cadence's call.
+    store: bool | None = None
 
 
 @dataclass

@@ -35,7 +35,7 @@ D = 4  # features: the model has D weights
 G = 4  # samples in a step's global batch
 LR, MOMENTUM = 0.5, 0.5
 
-PATTERNS = ("rank0", "same_name", "shard", "dcp", "none")
+PATTERNS = ("rank0", "same_name", "shard", "dcp", "none", "kept")  # kept: none, its state kept live
 COLLECTIVES = ("ddp", "allreduce", "none")
 
 
@@ -150,9 +150,12 @@ def pattern_loop(config: dict) -> None:
     with torch.no_grad():
         model.weight.copy_(torch.tensor([initial_weights()], dtype=torch.float64))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    net = prepare_model(model) if collective == "ddp" else model
+    if pattern == "kept":  # no checkpoint: the model and optimizer are kept live, restored in place
+        net = prepare_model(model, live_state=True, parallel_strategy="ddp" if collective == "ddp" else None)
+    else:
+        net = prepare_model(model) if collective == "ddp" else model
 
-    start = 0
+    start = ctx.get_resume_index() if pattern == "kept" else 0  # one report per step
     checkpoint = train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:

@@ -1,7 +1,8 @@
 """The matrix: checkpoint pattern x fault x scaling x collective, on real Ray (see tests/patterns.py).
 
 patterns: rank 0 alone writes a folder (Ray Train's usual pattern), every rank writes the same file
-name, every rank writes its own shard, `elastic_train.torch.save_state` (DCP), no checkpoint at all.
+name, every rank writes its own shard, `elastic_train.torch.save_state` (DCP), no checkpoint at all,
+and no checkpoint with the model and optimizer kept live (`prepare_model(model, live_state=True)`).
 faults (once, at the start of step 6): SIGKILL of the rank that checkpoints (rank 0), SIGKILL of
 another (rank 1), SIGTERM (a preemption notice) to rank 0 or 1, SIGSTOP of a rank (SIGCONTed 4 s
 later, or never), a RuntimeError raised by every rank of the group.
@@ -11,7 +12,8 @@ The 25 main cells cover every pair of values of the four dimensions (a 5x5 Latin
 and fault; scaling = (i + j) % 2, collective = (i + 2j) % 3). Each must finish (or fail exactly as
 its FailureConfig says) with the state after every computed step, the final metrics and the final
 committed checkpoint equal to the fault-free trajectory, computed exactly in this process, and at
-most one step redone (none with a notice; without checkpoints, from scratch).
+most one step redone (none with a notice or a kept state; without checkpoints, from scratch). Cells
+of the kept state follow the square's, for the faults a lost peer or a bug brings.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ CELLS = _latin_square() + [
     Cell("same_name", "raise", 2, "allreduce", max_failures=0, expect_error=True),
     # A worker frozen for good in a fixed-size run that fills the cluster: it holds the only free slot.
     Cell("shard", "stop", 2, "ddp", rank=1, resume_after_s=None, steps=30),
+    # No checkpoint, the state kept live: no step is redone, whatever the fault.
+    Cell("kept", "kill_ckpt", 2, "ddp"),
+    Cell("kept", "stop", (1, 2), "allreduce", rank=1, resume_after_s=4.0, steps=30),
+    Cell("kept", "raise", (1, 2), "ddp", max_failures=1),
 ]
 FAULT_FREE = [Cell("rank0", "none", 2, "ddp"), Cell("shard", "none", 2, "none"),
               Cell("dcp", "none", (1, 2), "allreduce")]
@@ -92,7 +98,7 @@ def _check(cell: Cell, run_dirs: dict, result: train.Result) -> None:
     wrong = wrong_states(lines, cell.steps)
     assert not wrong, "state differs from the fault-free run's:\n" + "\n".join(wrong[:10]) + f"\n{timeline}"
 
-    if cell.pattern == "none":
+    if cell.pattern in ("none", "kept"):
         assert result.checkpoint is None
     else:
         assert result.checkpoint is not None, "no committed checkpoint"
@@ -115,7 +121,7 @@ def _check(cell: Cell, run_dirs: dict, result: train.Result) -> None:
     redone = steps_redone(lines)
     if cell.pattern == "none":
         return  # no checkpoint: it starts over (the state checks above still hold)
-    if cell.fault == "term":
+    if cell.fault == "term" or cell.pattern == "kept":
         bound = 0
     else:
         bound = 1  # even with no collective in the loop: `report()` is a barrier

@@ -27,7 +27,8 @@ from elastic_train.errors import CheckpointError
 
 DICT_FILE = "dict_checkpoint.pt"
 METADATA_FILE = ".metadata.json"  # Checkpoint.set_metadata's file, as in Ray Train
-DICT_PART_NAMES = {DICT_FILE, METADATA_FILE}  # a dict checkpoint's files: one rank's part is all of it
+STATE_FILE = "live_state.pt"  # the state `prepare_model(model, live_state=True)` keeps: for recovery only, never stored
+DICT_PART_NAMES = {DICT_FILE, METADATA_FILE, STATE_FILE}  # a dict part's files: one rank's part is all of it
 
 
 def needs_replica(names: list[str], every_rank_holds_one: bool) -> bool:

@@ -453,7 +453,7 @@ class Supervisor:
                     moves = [self._hand_over_part(self._pool.records[wid], target, whole, names)
                              for wid, names in whole.holders.items() if wid in leaving_ids]
                     await asyncio.gather(*moves)
-                else:
+                elif not whole.state_only:
                     flush = whole  # nobody stays: the leaving workers store it before they go
         finally:
             for w in leaving:
@@ -500,7 +500,7 @@ class Supervisor:
         of its own to flush)."""
         newest = self._ledger.resume_plan(self._pool.live_ids(), self._holds())
         stored = self._commits.newest.index if self._commits.newest else 0
-        if newest is None or newest.index <= stored:
+        if newest is None or newest.index <= stored or newest.state_only:  # a state kept for recovery alone
             return None
         entry = self._ledger.entries.get(newest.index)
         storing = entry is not None and (entry.committed or bool(entry.persisted))

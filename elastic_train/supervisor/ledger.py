@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES
+from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES, STATE_FILE
 from elastic_train.protocol import ResumePlan, WorkerInfo
 
 PRUNE_AFTER = 64  # entries added since the last prune before the next one (keeps pruning O(1) per report)
@@ -56,6 +56,12 @@ class ReportEntry:
     @property
     def names(self) -> set[str]:
         return {n for _, names in self.parts.values() for n in names}
+
+    @property
+    def state_only(self) -> bool:
+        """The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): served
+        from memory to the next generation, never stored."""
+        return self.names == {STATE_FILE}
 
     @property
     def ready_to_commit(self) -> bool:
@@ -233,7 +239,8 @@ class CheckpointLedger:
             else:
                 store = entry.made_by_all and bool(entry.persist) and not entry.persisted and not entry.committed
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
-                                  generation=entry.generation, store=store, dir_name=entry.dir_name)
+                                  generation=entry.generation, store=store, dir_name=entry.dir_name,
+                                  state_only=entry.state_only)
         return None
 
     def rewind(self, index: int) -> None:

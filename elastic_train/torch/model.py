@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -9,6 +10,10 @@ import ray
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from elastic_train.worker.session import current_session, get_session
+
+logger = logging.getLogger(__name__)
 
 
 def get_device() -> torch.device:
@@ -43,6 +48,7 @@ def prepare_model(
     move_to_device: bool = True,
     parallel_strategy: str | None = "ddp",
     parallel_strategy_kwargs: dict[str, Any] | None = None,
+    live_state: bool = False,
 ) -> torch.nn.Module:
     """Move `model` to this worker's device and wrap it in DDP when the world can have several ranks.
 
@@ -50,10 +56,19 @@ def prepare_model(
     the process group of the generation it was made in. Ray Train returns the bare module at world
     size 1; so does this in a run of one worker. In an elastic run the world can shrink to 1 under a
     running loop, so the model is wrapped at every size: `model.module` works in every generation.
+
+    `live_state=True` (ours): the run keeps the model's state, and that of the optimizers stepping
+    its parameters, live in memory, so a loop that reports no checkpoint loses no step to a lost peer:
+    each `report()` holds them by reference, and after a recovery the model is loaded here (each
+    optimizer at its first step) from the last report's state. The loop goes on from its position:
+    `for epoch in range(loader.epoch, epochs)` over a prepared loader, or from
+    `get_context().get_resume_index()`. Put the step's collectives before `optimizer.step()`.
     """
     device = get_device()
     if move_to_device:
         model = model.to(device)
+    if live_state:
+        get_session("prepare_model").keep_state(model)
     if parallel_strategy is None or not dist.is_initialized() or _max_world_size() == 1:
         return model
     if parallel_strategy != "ddp":
@@ -61,13 +76,18 @@ def prepare_model(
     kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
+    syncs = kwargs.get("forward_sync_buffers", kwargs.get("broadcast_buffers")) in (None, True)
+    if live_state and syncs and any(True for _ in model.buffers()):
+        logger.warning(
+            "prepare_model(live_state=True): DDP broadcasts the model's buffers at every forward, which moves the "
+            "kept state on before the step's all-reduce; a peer lost then costs the run its kept state. Pass "
+            "parallel_strategy_kwargs={'forward_sync_buffers': False} (before torch 2.13: 'broadcast_buffers') "
+            "if the buffers stay alike on every rank.")
     return DistributedDataParallel(model, **kwargs)
 
 
 def _max_world_size() -> int:
     """The largest world the run can have: the generation's when called outside a run's loop."""
-    from elastic_train.worker.session import current_session
-
     session = current_session()
     if session is None:
         return dist.get_world_size()

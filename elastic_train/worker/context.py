@@ -97,6 +97,13 @@ class TrainContext:
         """The membership generation: it grows by one at every change of the worker set."""
         return self.assignment.generation
 
+    def get_resume_index(self) -> int:
+        """How many reports the run's loop had made when this generation resumed from them (0 in a
+        fresh run): with one report per step, the steps done. A loop that counts its own steps and
+        keeps its state live (`prepare_model(model, live_state=True)`) goes on from here."""
+        resume = self.assignment.resume
+        return resume.index if resume is not None else 0
+
     def get_experiment_name(self) -> str:
         return self.run.name
 

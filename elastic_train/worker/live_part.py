@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, Checkpoint, dict_to_bytes
+from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, STATE_FILE, Checkpoint, dict_to_bytes
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -39,15 +39,21 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 class LivePart:
     """One rank's dict checkpoint, by reference, with the versions its tensors had when reported."""
 
-    def __init__(self, checkpoint: Checkpoint):
+    def __init__(self, checkpoint: Checkpoint, file: str = DICT_FILE):
         self.data = checkpoint.to_dict()
+        self._file = file  # DICT_FILE; STATE_FILE for the state a run keeps live with no checkpoint (kept_state.py)
         self._metadata = checkpoint.get_metadata() or None
         self._versions = [(t, t._version) for t in _tensors(self.data)]
 
     @property
     def names(self) -> list[str]:
         """The file names `files()` gives, known without serializing."""
-        return sorted([DICT_FILE] + ([METADATA_FILE] if self._metadata is not None else []))
+        return sorted([self._file] + ([METADATA_FILE] if self._metadata is not None else []))
+
+    @property
+    def state_only(self) -> bool:
+        """The state kept for recovery alone (never stored), not a checkpoint the loop reported."""
+        return self._file == STATE_FILE
 
     def clean(self) -> bool:
         """Do the tensors still hold the state that was reported (none written in place since)?"""
@@ -58,7 +64,7 @@ class LivePart:
         or while it was serialized: then the bytes could mix two states)."""
         if not self.clean():
             return None
-        files = {DICT_FILE: dict_to_bytes(self.data)}
+        files = {self._file: dict_to_bytes(self.data)}
         if self._metadata is not None:
             files[METADATA_FILE] = json.dumps(self._metadata).encode()
         return files if self.clean() else None

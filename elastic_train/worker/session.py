@@ -21,14 +21,17 @@ from typing import Any, Callable, Protocol
 
 import psutil
 import ray
+import torch
 
-from elastic_train.checkpoint.checkpoint import Checkpoint, checkpoint_from_files, is_local, needs_replica
+from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes, is_local,
+                                                 needs_replica)
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import CheckpointError
 from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
+from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.report_barrier import Agreed, agree, collectives_done
@@ -169,6 +172,7 @@ class TrainSession:
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
         self._loaders: list[StatefulLoader] = []
+        self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
         self._scratch: str | None = None
@@ -228,11 +232,14 @@ class TrainSession:
                     files = checkpoint.files()
                 if delete_local:
                     self._delete_local(checkpoint)
+        elif self._kept is not None:  # no checkpoint: the state kept live serves a recovery, never stored
+            live = LivePart(Checkpoint.from_dict(self._kept.snapshot()), file=STATE_FILE)
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states) if names is not None else None
-        store = None if live is None else self._checkpointing.persist_due(self._live_reports + 1,
-                                                                          time.monotonic() - self._live_stored_at)
+        stored = live is not None and not live.state_only  # a live part that the cadence may store
+        store = None if live is None else stored and self._checkpointing.persist_due(
+            self._live_reports + 1, time.monotonic() - self._live_stored_at)
         report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
                         mode is CheckpointUploadMode.SYNC, pace, store)
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
@@ -241,17 +248,18 @@ class TrainSession:
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
         if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
             self._keep(held, files if files is not None else live, replicate)
-        if live is not None:
+        if stored:
             self._live_reports += 1
         if not agreed.round_trip:  # the supervisor records it in the background
-            report.store = agreed.store_live if live is not None else None
+            if stored:
+                report.store = agreed.store_live
             self._send_report(report)
             if live is not None and agreed.store_live:  # every rank holds its live part: rank 0's is stored
                 self._live_reports, self._live_stored_at, self._unpersisted = 0, time.monotonic(), None
                 if assignment.rank == 0:
                     self._upload(PartUpload(assignment.generation, self.index, self._copy_live(held, live, replicate),
                                             replaceable=self._checkpointing.replaceable))
-            elif live is not None:  # stored if the loop ends here: by rank 0 alone if every rank holds it
+            elif stored:  # stored if the loop ends here: by rank 0 alone if every rank holds it
                 keeps = assignment.rank == 0 or not agreed.every_part
                 self._unpersisted = (PartUpload(assignment.generation, self.index, {}, dir_name=dir_name), live) \
                     if keeps else None
@@ -330,7 +338,18 @@ class TrainSession:
             self._restored_loaded = True
         return self._restored
 
-    # -- for prepare_data_loader ----------------------------------------------------------------
+    # -- for prepare_model and prepare_data_loader -----------------------------------------------
+    def keep_state(self, model: torch.nn.Module) -> None:
+        """`prepare_model(model, live_state=True)`: keep `model`'s state (and its optimizers') live for
+        recovery; when this generation resumes from such a state, load it into them."""
+        if self._kept is not None:
+            raise ValueError(
+                "prepare_model(..., live_state=True) was called twice in one loop: keep the state of one model "
+                "(put several in one torch.nn.Module), or report the others in Checkpoint.from_dict.")
+        plan = self.context.assignment.resume
+        restored = dict_from_bytes(self._gather(plan)[STATE_FILE]) if plan is not None and plan.state_only else None
+        self._kept = KeptState(model, restored)
+
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""
         position = len(self._loaders)
@@ -445,7 +464,7 @@ class TrainSession:
 
     def _load_resume_checkpoint(self) -> Checkpoint | None:
         plan = self.context.assignment.resume
-        if plan is None:
+        if plan is None or plan.state_only:  # a kept state is restored by prepare_model, not returned here
             return self._initial_checkpoint
         files = self._storage.read_verified(plan.stored) if plan.stored is not None else self._gather(plan)
         self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
@@ -469,6 +488,8 @@ class TrainSession:
         """The generation is over: remove what this session wrote to local disk."""
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._kept is not None:
+            self._kept.close()
 
 
 _current: TrainSession | None = None

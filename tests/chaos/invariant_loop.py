@@ -8,21 +8,31 @@
   After E epochs every count is E: a sample skipped or repeated within an epoch shows.
 * Each rank logs every completed step (pid, rank, world, generation) before `report()`, so steps
   redone per fault can be counted.
+* With `live_state`, the loop reports no checkpoint: the model (its buffer holds the counts) and the
+  optimizer are kept live by `prepare_model(model, live_state=True)`, the loop goes on from the
+  loader's epoch and the resumed report index, and rank 0 returns its final state (Result.return_value).
+  The step's collectives come before `optimizer.step()`, so a failure never lands between a state
+  written and the report that holds it.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, RandomSampler
 
 import elastic_train as et
 from elastic_train.torch import prepare_data_loader, prepare_model
-from tests.loops import log_progress
+from tests.loops import fault_once, log_progress
 
 SAMPLES, FEATURES = 96, 4
+# DDP's switch for syncing buffers at each forward (renamed in torch 2.13)
+NO_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in
+                  inspect.signature(DistributedDataParallel).parameters else "broadcast_buffers")
 
 
 def dataset() -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,19 +42,23 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def invariant_loop(config: dict) -> None:
-    epochs, global_batch = config["epochs"], config["global_batch"]
+def invariant_loop(config: dict) -> dict | None:
+    epochs, global_batch, live = config["epochs"], config["global_batch"], config.get("live_state", False)
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    counts, step = torch.zeros(SAMPLES), 0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=config.get("momentum", 0.0))
+    counts, step = torch.zeros(SAMPLES), et.get_context().get_resume_index()
     checkpoint = et.get_checkpoint()
     if checkpoint is not None:
         state = checkpoint.to_dict()
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         counts, step = state["counts"], state["step"]
-    ddp = prepare_model(model)
+    if live:
+        model.register_buffer("counts", counts)
+    # DDP's buffer sync would write the counts at every forward: a state moved on before the step's all-reduce
+    ddp = prepare_model(model, live_state=live, parallel_strategy_kwargs={NO_BUFFER_SYNC: not live})
+    counts = model.counts if live else counts  # restored with the model
     x, y = dataset()
     ids = torch.arange(SAMPLES)
     loader = prepare_data_loader(DataLoader(ids, batch_size=global_batch, sampler=RandomSampler(ids)),
@@ -55,30 +69,32 @@ def invariant_loop(config: dict) -> None:
     for epoch in range(start_epoch, epochs):
         for batch in loader:
             step += 1
+            fault_once(config, step, rank)
             loss = torch.nn.functional.mse_loss(ddp(x[batch]), y[batch], reduction="sum") * world / global_batch
             optimizer.zero_grad()
             loss.backward()
-            optimizer.step()
             delta = torch.zeros(SAMPLES)
             delta[batch] += 1
             dist.all_reduce(delta)
+            optimizer.step()
             counts += delta
             time.sleep(config.get("step_time", 0.0))
             log_progress(config["log_dir"], rank=rank, world=world, generation=ctx.get_generation(), step=step,
                          epoch=epoch)
-            et.report({"step": step, "epoch": epoch, "loss": loss.item()},
-                      checkpoint=et.Checkpoint.from_dict({"model": model.state_dict(),
-                                                          "optimizer": optimizer.state_dict(),
-                                                          "counts": counts, "step": step}))
+            fault_once(config, step, rank, point="before_report")
+            checkpoint = None if live else et.Checkpoint.from_dict(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "counts": counts, "step": step})
+            et.report({"step": step, "epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint)
+    return {"model": model.state_dict(), "counts": counts, "step": step} if live else None
 
 
-def reference_params(epochs: int, global_batch: int) -> dict[str, torch.Tensor]:
+def reference_params(epochs: int, global_batch: int, momentum: float = 0.0) -> dict[str, torch.Tensor]:
     """The parameters a fault-free run ends with: the same math in one process, no runtime."""
     from elastic_train.torch.data import ElasticBatchSampler
 
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     x, y = dataset()
     sampler = ElasticBatchSampler(SAMPLES, global_batch, rank=0, world_size=1, shuffle=True, seed=7, drop_last=False)
     for epoch in range(epochs):

@@ -18,17 +18,22 @@ from tests.loops import read_progress
 
 EPOCHS, GLOBAL_BATCH = 5, 8
 STEPS = EPOCHS * SAMPLES // GLOBAL_BATCH
+MOMENTUM = 0.9  # the live-state loop's
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float rounding differs with the world size's split
 
 
 def chaos_trainer(run_dirs: dict, workers: int | tuple[int, int], *, step_time: float = 0.15,
                   storage_path: str | None = None, storage_options: dict | None = None,
                   elastic: et.ElasticConfig | None = None,
-                  checkpoint_config: et.CheckpointConfig | None = None) -> et.TorchTrainer:
+                  checkpoint_config: et.CheckpointConfig | None = None, live_state: bool = False,
+                  fault: dict | None = None) -> et.TorchTrainer:
+    """The invariant loop's trainer; with `live_state`, a loop with no checkpoint (its SGD has momentum:
+    the optimizer's state must survive too)."""
     return et.TorchTrainer(
         invariant_loop,
         train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": EPOCHS, "global_batch": GLOBAL_BATCH,
-                           "step_time": step_time},
+                           "step_time": step_time, "live_state": live_state, "momentum": MOMENTUM if live_state else 0.0,
+                           "fault": fault},
         scaling_config=et.ScalingConfig(num_workers=workers),
         run_config=et.RunConfig(name="run", storage_path=storage_path or run_dirs["storage"],
                                 storage_options=storage_options, elastic_config=elastic,
@@ -80,20 +85,25 @@ def longest_stalls(log_dir: str, faults: list[dict[str, Any]], window_s: float =
 
 
 def check_invariants(result: et.Result, run_dirs: dict, faults: int, *, redone_per_fault: int = 1,
-                     storage_options: dict | None = None) -> dict[str, Any]:
+                     storage_options: dict | None = None, live_state: bool = False) -> dict[str, Any]:
     """The run finished every step, with a fault-free run's parameters, every sample once per
-    epoch, every committed checkpoint whole, and at most `redone_per_fault` steps redone per fault."""
+    epoch, every committed checkpoint whole, and at most `redone_per_fault` steps redone per fault.
+    With `live_state` the loop reported no checkpoint: rank 0's final state is its return value, and
+    nothing was stored."""
     assert result.error is None, result.error
     assert result.metrics["step"] == STEPS
-    final = result.checkpoint.to_dict()
+    final = result.return_value if live_state else result.checkpoint.to_dict()
     assert final["step"] == STEPS
     assert torch.equal(final["counts"], torch.full((SAMPLES,), float(EPOCHS))), "a sample was skipped or repeated"
-    reference = reference_params(EPOCHS, GLOBAL_BATCH)
+    reference = reference_params(EPOCHS, GLOBAL_BATCH, MOMENTUM if live_state else 0.0)
     for key, value in reference.items():
         torch.testing.assert_close(final["model"][key], value, **TOLERANCE)
     storage = RunStorage.at(result.path, storage_options)
     committed = storage.committed()
-    assert committed and committed[-1].index == STEPS
+    if live_state:
+        assert result.checkpoint is None and committed == [], "a state kept for recovery was stored"
+    else:
+        assert committed and committed[-1].index == STEPS
     for checkpoint in committed:
         assert storage.verify(checkpoint) == []
     redone = steps_redone(run_dirs["log_dir"])

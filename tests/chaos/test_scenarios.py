@@ -25,7 +25,8 @@ FAST_DETECTION = et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s
 
 
 def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fault: str, target: str,
-         redone_per_fault: int = 1, storage_options: dict | None = None, **context) -> dict:
+         redone_per_fault: int = 1, storage_options: dict | None = None, live_state: bool = False,
+         **context) -> dict:
     join = fit_in_background(trainer)
     fault_args = context.pop("fault_args", {})
     ctx = attach(run_dirs, world, **context)
@@ -36,7 +37,7 @@ def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fa
                                                           "lose-node", "storage", "kill-supervisor")]
     assert faults, "no fault was injected"
     figures = check_invariants(result, run_dirs, len(faults), redone_per_fault=redone_per_fault,
-                               storage_options=storage_options)
+                               storage_options=storage_options, live_state=live_state)
     return _record(run_dirs, figures, faults)
 
 
@@ -62,6 +63,16 @@ def test_sigkill_with_live_state_between_stored_checkpoints(local_ray, run_dirs)
     the only holder lost, the run would go back to the last stored checkpoint: the cadence's price.)"""
     trainer = chaos_trainer(run_dirs, (1, 2), checkpoint_config=et.CheckpointConfig(persist_every_n_reports=5))
     _run(run_dirs, trainer, 2, schedules.every(3.0, 2), "sigkill", "rank:1")
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_with_no_checkpoint_in_the_loop(local_ray, run_dirs):
+    """The loop reports no checkpoint: its model and optimizer (SGD with momentum) are kept live
+    (`prepare_model(model, live_state=True)`). Random workers are SIGKILLed: the survivor goes on from
+    its own state, the replacement gets it from the survivor, and no step is redone; the run ends with a
+    fault-free run's state, and stored nothing."""
+    _run(run_dirs, chaos_trainer(run_dirs, (1, 2), live_state=True), 2, schedules.every(3.0, 2), "sigkill", "random",
+         redone_per_fault=0, live_state=True)
 
 
 @pytest.mark.timeout(300)

@@ -1,0 +1,91 @@
+"""A loop with no checkpoint loses no step to a lost peer: `prepare_model(model, live_state=True)` keeps
+the model's state and its optimizer's live, each report holds them by reference, and a recovery loads
+them back into the re-entered loop's new model and optimizer. Nothing of it is ever stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import elastic_train as et
+from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from_bytes
+from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.worker.kept_state import KeptState
+from elastic_train.worker.live_part import LivePart
+from tests.chaos.scenario import chaos_trainer, check_invariants
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad()
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 1)
+
+
+@pytest.mark.timeout(30)
+def test_kept_state_restores_the_model_at_once_and_each_optimizer_at_its_first_step():
+    model = _model()
+    kept = KeptState(model, None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    other = torch.nn.Linear(2, 1)
+    other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    _step(model, optimizer)
+    _step(model, optimizer)
+    other_optimizer.step()  # another model's optimizer is not the state kept
+    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    assert part.names == [STATE_FILE] and part.state_only and part.clean()
+    state = dict_from_bytes(part.files()[STATE_FILE])
+    assert len(state["optimizers"]) == 1 and state["optimizers"][0]["state"]  # its momentum buffers
+    kept.close()
+
+    # A new generation re-enters the loop: a fresh model and optimizer, restored from the held state.
+    fresh = _model()
+    restored = KeptState(fresh, state)
+    assert torch.equal(fresh.weight, model.weight)  # loaded at once (prepare_model)
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    assert restored.snapshot()["optimizers"] == state["optimizers"]  # not stepped yet: the restored state counts
+    _step(fresh, fresh_optimizer)
+    _step(model, optimizer)  # the same step with the state never lost
+    assert torch.equal(fresh.weight, model.weight)  # the momentum was loaded before the step ran
+    restored.close()
+    _step(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))  # no longer watched once its generation closed
+
+
+@pytest.mark.timeout(30)
+def test_a_kept_state_serves_a_resume_but_is_never_stored():
+    ledger = CheckpointLedger(keep=2)
+    for rank, worker in ((0, 10), (1, 11)):
+        ledger.record(0, 2, 4, rank, worker, [STATE_FILE], {"step": 4}, [{"epoch": 0, "position": 32}])
+    plan = ledger.resume_plan({11})
+    assert (plan.index, plan.holders, plan.state_only) == (4, {11: [STATE_FILE]}, True)
+    assert not ledger.entries[4].persist and not plan.store
+    ledger.record(0, 2, 5, 0, 10, [DICT_FILE], {"step": 5}, [])
+    ledger.record(0, 2, 5, 1, 11, [DICT_FILE], {"step": 5}, [])
+    assert not ledger.resume_plan({11}).state_only  # a checkpoint the loop reported is get_checkpoint()'s
+
+
+def _fault_time(run_dirs: dict) -> float:
+    return json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())["time"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("point, resumed_at", [("step_start", 6), ("before_report", 7)])
+def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_dirs, point, resumed_at):
+    """The invariant loop with no checkpoint, its SGD with momentum. Rank 1 is SIGKILLed at step 7:
+    before the step's collectives (the survivor's state is still report 6's) or after them, before its
+    report (the survivor's state is step 7's, though report 7's barrier failed). The run goes on from
+    there with no step redone; Ray replaces the worker, which gets the state from the survivor. It ends
+    with a fault-free run's parameters and optimizer, every sample once per epoch, and nothing stored."""
+    fault = {"kind": "kill", "rank": 1, "at_step": 7, "point": point}
+    result = chaos_trainer(run_dirs, (1, 2), step_time=0.08, live_state=True, fault=fault).fit()
+    check_invariants(result, run_dirs, faults=1, redone_per_fault=0, live_state=True)
+    after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
+    assert (after[0]["resume_from"], after[0]["resume_index"], after[0]["world_size"]) == ("memory", resumed_at, 1)
+    assert max(e["world_size"] for e in after) == 2  # the replacement joined, from the survivor's state
