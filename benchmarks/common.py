@@ -96,6 +96,12 @@ def chosen_checkpointing(args: argparse.Namespace) -> Checkpointing:
     return Checkpointing(args.checkpoint_every, args.live)
 
 
+def reported_step(result: Any) -> int | None:
+    """The last step a run's `Result` names. Ray Train's Result keeps metrics only with a checkpoint:
+    None for a loop that reports none."""
+    return (result.metrics or {}).get("step")
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:

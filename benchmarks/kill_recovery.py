@@ -61,7 +61,7 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 import elastic_train as et
 from benchmarks import torchft_system
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
-                               chosen_systems, machine_facts, median_spread, spread)
+                               chosen_systems, machine_facts, median_spread, reported_step, spread)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -113,7 +113,7 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         wall = time.monotonic() - started
     finally:
         ray.shutdown()
-    return {"system": system, "wall_s": round(wall, 2), "final_step": result.metrics.get("step"), **measure(log)}
+    return {"system": system, "wall_s": round(wall, 2), "final_step": reported_step(result), **measure(log)}
 
 
 def measure(log: Path) -> dict[str, Any]:

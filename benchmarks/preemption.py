@@ -76,6 +76,7 @@ from benchmarks.common import (
     chosen_systems,
     machine_facts,
     median_spread,
+    reported_step,
     spread,
     train_loop,
 )
@@ -193,7 +194,7 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
                 run_config=ray.train.RunConfig(storage_path=storage, name=name,
                                                failure_config=ray.train.FailureConfig(max_failures=budget)),
             ).fit()
-            final_step, noticed = result.metrics.get("step"), None
+            final_step, noticed = reported_step(result), None
         else:
             result = et.TorchTrainer(
                 train_loop, train_loop_config=config,
@@ -202,7 +203,7 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
                                         failure_config=et.FailureConfig(max_failures=budget),
                                         checkpoint_config=checkpointing.elastic_config()),
             ).fit()
-            final_step = result.metrics.get("step")
+            final_step = reported_step(result)
             noticed = [e["time"] for e in result.events if e["kind"] == "worker_lost"]
         wall = time.monotonic() - started
     finally:
