@@ -15,7 +15,9 @@ from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
+from elastic_train.torch import prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
+from tests.loops import fault_once
 
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -89,3 +91,31 @@ def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_d
     after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
     assert (after[0]["resume_from"], after[0]["resume_index"], after[0]["world_size"]) == ("memory", resumed_at, 1)
     assert max(e["world_size"] for e in after) == 2  # the replacement joined, from the survivor's state
+
+
+def _kept_loop_reporting_a_checkpoint(config: dict) -> None:
+    """The state kept live, and rank 0 reports a checkpoint every 5th step, which the loop never loads."""
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(3, 1), live_state=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx = et.get_context()
+    for step in range(ctx.get_resume_index() + 1, config["steps"] + 1):
+        fault_once(config, step, ctx.get_world_rank())
+        _step(model, optimizer)
+        saved = step % 5 == 0 and ctx.get_world_rank() == 0
+        et.report({"step": step}, checkpoint=et.Checkpoint.from_dict({"step": step}) if saved else None)
+
+
+@pytest.mark.timeout(120)
+def test_a_kept_loop_that_resumes_from_a_checkpoint_it_never_loads_fails_with_the_fix(local_ray, run_dirs):
+    """Rank 1 is lost as step 6 begins: the newest state is report 5's, where rank 0 reported a
+    checkpoint (a rank's kept state is dropped at a report where a peer reports a checkpoint). The loop
+    never loads it, so going on would train a fresh model from step 6: the run fails, naming the fix."""
+    fault = {"kind": "kill", "rank": 1, "at_step": 6}
+    trainer = et.TorchTrainer(
+        _kept_loop_reporting_a_checkpoint, train_loop_config={"steps": 10, "log_dir": run_dirs["log_dir"],
+                                                              "fault": fault},
+        scaling_config=et.ScalingConfig(num_workers=(1, 2)),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"))
+    with pytest.raises(et.TrainingFailedError, match=r"resumed from checkpoint 5.*did not load it"):
+        trainer.fit()

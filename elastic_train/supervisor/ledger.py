@@ -231,7 +231,8 @@ class CheckpointLedger:
                 return wid in live_workers and (wid not in holds or (entry.generation, index) in holds[wid])
 
             holders: dict[int, list[str]] = {}
-            for name in sorted(entry.names):
+            # A kept state is served alone; beside a checkpoint (a barrier failed as ranks reported both), never.
+            for name in sorted(entry.names if entry.state_only else entry.names - {STATE_FILE}):
                 holder = next((wid for wid in entry.holders(name) if serves(wid)), None)
                 if holder is None:
                     break

@@ -10,7 +10,8 @@ loop already has, which also carries what every rank must decide alike:
   round trip through it, which decides whether it is stored and answers once it is recorded;
 * `unwind`: some rank was asked to leave the loop at this report (the group is being resized):
   all ranks leave after the same report;
-* `every_part`: every rank reports a checkpoint part;
+* `every_part`, `some_part`: every rank, some rank, reports a checkpoint part (a state kept live is
+  not one: worker/kept_state.py);
 * `store_live`: some rank holds a live dict part due to be stored (`CheckpointConfig.persist_due`).
   When every rank holds one, the ranks need no one to decide: rank 0 stores it, none takes a round trip.
 
@@ -35,6 +36,7 @@ class Agreed:
     unwind: bool  # some rank was asked to unwind at this report
     every_part: bool  # every rank reports a checkpoint part
     store_live: bool  # some rank's live dict part is due to be stored
+    some_part: bool = False  # some rank reports a checkpoint part
 
     @property
     def round_trip(self) -> bool:
@@ -47,14 +49,14 @@ class Agreed:
 def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
     """The group's decision from this rank's flags: an all-reduce (MAX) of them, a barrier."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return Agreed(checkpoint, unwind, part, store_live)
+        return Agreed(checkpoint, unwind, part, store_live, part)
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live)], dtype=torch.int32,
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part)], dtype=torch.int32,
                          device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    any_checkpoint, any_unwind, some_without, any_store_live = flags.tolist()
-    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live))
+    any_checkpoint, any_unwind, some_without, any_store_live, any_part = flags.tolist()
+    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part))
 
 
 def collectives_done() -> int | None:

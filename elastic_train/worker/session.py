@@ -206,6 +206,7 @@ class TrainSession:
     def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, dir_name: str | None,
                 mode: CheckpointUploadMode, delete_local: bool, upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
                 pace: Pace) -> None:
+        self._check_resumed()
         self.index += 1
         assignment = self.context.assignment
         files: dict[str, bytes] | None = None
@@ -234,10 +235,11 @@ class TrainSession:
                     self._delete_local(checkpoint)
         elif self._kept is not None:  # no checkpoint: the state kept live serves a recovery, never stored
             live = LivePart(Checkpoint.from_dict(self._kept.snapshot()), file=STATE_FILE)
+        kept = live is not None and live.state_only
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states) if names is not None else None
-        stored = live is not None and not live.state_only  # a live part that the cadence may store
+        stored = live is not None and not kept  # a live part that the cadence may store
         store = None if live is None else stored and self._checkpointing.persist_due(
             self._live_reports + 1, time.monotonic() - self._live_stored_at)
         report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
@@ -245,6 +247,8 @@ class TrainSession:
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
         agreed = self._agree(decide, held, live, report, bool(store))
+        if kept and agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not the kept state
+            held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
         if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
             self._keep(held, files if files is not None else live, replicate)
@@ -283,7 +287,8 @@ class TrainSession:
             self._keep_unagreed(held, live, report, stepped)
             raise GenerationEnded()
         try:
-            agreed = agree(checkpoint, self._unwind_due(self.index), held is not None, store_live)
+            part = held is not None and not (live is not None and live.state_only)  # a kept state is no checkpoint
+            agreed = agree(checkpoint, self._unwind_due(self.index), part, store_live)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._keep_unagreed(held, live, report, stepped)
             if self._generation_ended():
@@ -291,6 +296,19 @@ class TrainSession:
             raise PeerLost(f"report {self.index}'s barrier failed: {exc}") from exc
         self._collectives_seen = collectives_done()
         return agreed
+
+    def _check_resumed(self) -> None:
+        """A loop whose state is kept live that resumed from a checkpoint it reported (the newest there
+        was) must have loaded it: its kept state was not restored, and going on from a fresh model at
+        the checkpoint's data position would train a wrong model without a word."""
+        plan = self.context.assignment.resume
+        if self._kept is None or plan is None or plan.state_only or self._restored_loaded:
+            return
+        raise CheckpointError(
+            f"this generation resumed from checkpoint {plan.index}, the newest the loop reported, but the loop did not "
+            "load it (get_checkpoint()) before its first report: prepare_model(live_state=True) restores only the state "
+            "kept at reports without a checkpoint. Load get_checkpoint() in the loop, as Ray Train's guides do, or "
+            "report no checkpoint in a loop whose state is kept live (return the final state instead).")
 
     def _keep_unagreed(self, held: HeldCheckpoint | None, live: LivePart | None, report: Report,
                        stepped: bool) -> None:
@@ -464,8 +482,10 @@ class TrainSession:
 
     def _load_resume_checkpoint(self) -> Checkpoint | None:
         plan = self.context.assignment.resume
-        if plan is None or plan.state_only:  # a kept state is restored by prepare_model, not returned here
+        if plan is None:
             return self._initial_checkpoint
+        if plan.state_only:  # restored into the model by prepare_model: nothing for the loop to load
+            return None
         files = self._storage.read_verified(plan.stored) if plan.stored is not None else self._gather(plan)
         self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
         return checkpoint_from_files(files, self._scratch)
