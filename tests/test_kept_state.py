@@ -12,9 +12,11 @@ import torch
 
 import elastic_train as et
 from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from_bytes
+from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
+from elastic_train.worker.session import CheckpointMemory
 from elastic_train.torch import prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
 from tests.loops import fault_once
@@ -58,6 +60,31 @@ def test_kept_state_restores_the_model_at_once_and_each_optimizer_at_its_first_s
     assert torch.equal(fresh.weight, model.weight)  # the momentum was loaded before the step ran
     restored.close()
     _step(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1))  # no longer watched once its generation closed
+
+
+@pytest.mark.timeout(30)
+def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only_for_a_peer():
+    """A survivor resumes from its own tensors (no torch.save and load of its whole state); a newcomer's
+    copy is serialized when it asks. A loop that keeps its model object across generations restores
+    without writing it, so the held state can still serve."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    kept = KeptState(model, None)
+    _step(model, optimizer)
+    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    kept.close()
+    memory = CheckpointMemory(keep=2)
+    memory.put(HeldCheckpoint(3, 0, 0, [STATE_FILE], []), part)
+    memory.settle()
+    assert memory.live_state(0, 3) is part.data
+    served = dict_from_bytes(memory.find(0, 3, [STATE_FILE])[STATE_FILE])
+    assert torch.equal(served["model"]["weight"], model.weight)
+    KeptState(model, memory.live_state(0, 3)).close()  # the same model object: nothing written
+    assert part.clean()
+    _step(model, optimizer)  # written to: neither resumed from nor served, and dropped when settled
+    assert memory.live_state(0, 3) is None and memory.find(0, 3, [STATE_FILE]) == {}
+    memory.settle()
+    assert (0, 3) not in memory.keys()
 
 
 @pytest.mark.timeout(30)

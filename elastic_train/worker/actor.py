@@ -234,6 +234,7 @@ class TrainWorker:
             TrainContext(assignment, self._spec.run, self._spec.storage),
             self._keep_snapshot,
             self.read_checkpoint,
+            self._memory.live_state,
             lambda part: self._persister.submit(part, cancelled=self._ended.is_set),
             self._reports.submit,
             self._reports.flush,

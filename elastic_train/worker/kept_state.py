@@ -27,7 +27,8 @@ class KeptState:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._pending: list[dict[str, Any]] = []  # restored optimizer states, loaded at each one's first step
         if restored is not None:
-            model.load_state_dict(restored["model"])
+            if not _aliases(model, restored["model"]):  # a model object the loop kept across generations holds it already
+                model.load_state_dict(restored["model"])
             self._pending = list(restored["optimizers"])
         self._hook = register_optimizer_step_pre_hook(self._before_step)
 
@@ -52,3 +53,10 @@ class KeptState:
     def close(self) -> None:
         """The generation is over: its loop's optimizers are no longer watched."""
         self._hook.remove()
+
+
+def _aliases(model: torch.nn.Module, state: dict[str, Any]) -> bool:
+    """Is `state` the model's own tensors? Then loading it would only write them onto themselves, and
+    a state that a survivor holds for its peers must not be written."""
+    own = model.state_dict()
+    return own.keys() == state.keys() and all(own[k].data_ptr() == v.data_ptr() for k, v in state.items())

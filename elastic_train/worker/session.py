@@ -9,6 +9,7 @@ not wait for the supervisor: its metrics are sent and the loop goes on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -92,10 +93,13 @@ class CheckpointMemory:
     def settle(self) -> None:
         """The generation ended and its loop stopped writing: each live part still clean becomes its
         files (serialized once, for a peer or storage to read), one no longer clean is dropped (the run
-        resumes from an older checkpoint)."""
+        resumes from an older checkpoint). A kept state stays as it is: this worker resumes from its
+        tensors (`live_state`), and a newcomer's copy is serialized when it asks (`find`)."""
         with self._lock:
             live = [(k, held, p) for k, (held, p) in self._parts.items() if isinstance(p, LivePart)]
         for key, held, part in live:
+            if part.state_only and part.clean():
+                continue
             files = part.files()
             with self._lock:
                 if files is None:
@@ -104,6 +108,13 @@ class CheckpointMemory:
                     self._parts.pop(key, None)
                 elif key in self._parts:
                     self._parts[key] = (held, files)
+
+    def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
+        """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
+        their report; None otherwise (the part is not held, or was written to)."""
+        with self._lock:
+            _, part = self._parts.get((generation, index), (None, None))
+        return part.data if isinstance(part, LivePart) and part.state_only and part.clean() else None
 
     def keys(self) -> list[tuple[int, int]]:
         """(generation, index) of every part held."""
@@ -138,6 +149,7 @@ class TrainSession:
         context: TrainContext,
         keep: Callable[[HeldCheckpoint, Part, bool], None],  # (held, part, copy it to the buddy)
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
+        held_state: Callable[[int, int], dict[str, Any] | None],  # CheckpointMemory.live_state
         persist: Callable[[PartUpload], float | None],
         send_report: Callable[[Report], None],
         flush_reports: Callable[[float], bool],
@@ -154,6 +166,7 @@ class TrainSession:
         self._supervisor = supervisor
         self._keep = keep
         self._read_held = read_held
+        self._held_state = held_state
         self._persist = persist
         self._send_report = send_report  # a report that needs no reply, sent in the background (report_sender.py)
         self._flush_reports = flush_reports
@@ -364,9 +377,20 @@ class TrainSession:
             raise ValueError(
                 "prepare_model(..., live_state=True) was called twice in one loop: keep the state of one model "
                 "(put several in one torch.nn.Module), or report the others in Checkpoint.from_dict.")
+        self._kept = KeptState(model, self._restored_state())
+
+    def _restored_state(self) -> dict[str, Any] | None:
+        """The kept state this generation resumes from: this worker's own tensors when it holds them
+        (every rank's kept state is the same; none is serialized), else a survivor's copy, over Ray."""
         plan = self.context.assignment.resume
-        restored = dict_from_bytes(self._gather(plan)[STATE_FILE]) if plan is not None and plan.state_only else None
-        self._kept = KeptState(model, restored)
+        if plan is None or not plan.state_only:
+            return None
+        own = self._held_state(plan.generation, plan.index)
+        if own is None:
+            return dict_from_bytes(self._gather(plan)[STATE_FILE])
+        # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
+        # and the held state must stay as reported while it may still serve a recovery.
+        return {"model": own["model"], "optimizers": copy.deepcopy(own["optimizers"])}
 
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""
