@@ -109,18 +109,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The benchmarks' model and optimizer: a small MLP, identical on every rank (seed 0)."""
+WIDTH = 64  # the MLP's width: 4 x Linear(64, 64), 0.13 MB of parameters and momentum
+
+
+def build_model(width: int = WIDTH) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The benchmarks' model and optimizer: a small MLP, identical on every rank (seed 0). A larger
+    `width` makes the state a recovery restores larger (2048: 128 MB of parameters and momentum)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(64, 64), torch.nn.ReLU())))
+    model = torch.nn.Sequential(*(layer for _ in range(4)
+                                  for layer in (torch.nn.Linear(width, width), torch.nn.ReLU())))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
 def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int,
-               step_time: float) -> torch.Tensor:
+               step_time: float, width: int = WIDTH) -> torch.Tensor:
     """One step of the benchmarks' workload (a seeded batch per step and rank, plus `step_time` of
     simulated compute); returns the loss."""
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 2 + rank))
+    x = torch.randn(32, width, generator=torch.Generator().manual_seed(step * 2 + rank))
     loss = ddp(x).pow(2).mean()
     optimizer.zero_grad()
     loss.backward()
@@ -143,7 +148,8 @@ def train_loop(config: dict[str, Any]) -> None:
     context = api.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     log = Path(config["log_dir"])
-    model, optimizer = build_model()
+    width = config.get("width", WIDTH)
+    model, optimizer = build_model(width)
     live = config.get("live", False) and config["api"] == "elastic_train"
     every = config.get("checkpoint_every", 1)
     kept = every == 0 and config["api"] == "elastic_train"  # no checkpoint: the model and optimizer kept live
@@ -163,7 +169,7 @@ def train_loop(config: dict[str, Any]) -> None:
         if rank == 1 and config.get("kills"):
             _kill_if_due(log, step, config["kills"], config["kill_every"])
         began = time.time()
-        loss = train_step(ddp, optimizer, step, rank, config["step_time"])
+        loss = train_step(ddp, optimizer, step, rank, config["step_time"], width)
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size,
                   "step": step}
         with open(log / "progress.jsonl", "a") as f:

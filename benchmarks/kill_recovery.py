@@ -37,6 +37,7 @@ and takes one report per worker per poll, so reporting every step caps its steps
 
     python -m benchmarks.kill_recovery --kills 10 --out results/kill_recovery
     python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --systems elastic_train,torchft
+    python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --width 2048   # 128 MB of state to restore
     python -m benchmarks.kill_recovery --framework lightning --quick
 """
 
@@ -61,7 +62,7 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 import elastic_train as et
 from benchmarks import torchft_system
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
-                               chosen_systems, machine_facts, median_spread, reported_step, spread)
+                               chosen_systems, machine_facts, median_spread, reported_step, spread, WIDTH)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -76,7 +77,8 @@ FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_l
 
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
-               ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
+               ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing(),
+               width: int = WIDTH) -> dict[str, Any]:
     """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
@@ -84,7 +86,8 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     log = workdir / "log"
     log.mkdir(parents=True)
     config = {"api": API.get(system), "log_dir": str(log), "kills": kills, "kill_every": kill_every,
-              "steps": kill_every * (kills + 1), "step_time": step_time, **checkpointing.loop_config()}
+              "steps": kill_every * (kills + 1), "step_time": step_time, "width": width,
+              **checkpointing.loop_config()}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train" and ray_poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
@@ -184,6 +187,8 @@ def main() -> None:
     parser.add_argument("--kill-every", type=int, default=30,
                         help="steps between kills: enough for elastic_train to grow back to 2 workers in between")
     parser.add_argument("--step-time", type=float, default=0.1, help="seconds of simulated compute per step")
+    parser.add_argument("--width", type=int, default=WIDTH,
+                        help="the MLP's width (2048: 128 MB of parameters and momentum for a recovery to restore)")
     parser.add_argument("--ray-poll-s", type=float, default=None,
                         help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
@@ -199,9 +204,9 @@ def main() -> None:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
         systems.remove("torchft")
-    if args.framework != "torch" and (args.live or args.checkpoint_every == 0):
-        parser.error("--live and --checkpoint-every 0 are for the torch loop: Lightning and transformers loops "
-                     "report their own checkpoints")
+    if args.framework != "torch" and (args.live or args.checkpoint_every == 0 or args.width != WIDTH):
+        parser.error("--live, --checkpoint-every 0 and --width are for the torch loop: Lightning and transformers "
+                     "loops build and checkpoint their own model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills
@@ -213,7 +218,7 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out, chosen_checkpointing(args)))
+                                  out, chosen_checkpointing(args), args.width))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
@@ -221,6 +226,7 @@ def main() -> None:
         "kills": kills,
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,
+        "width": args.width,
         "ray_train_health_check_interval_s": args.ray_poll_s,
         "checkpointing": chosen_checkpointing(args).describe(),
         "total_wall_s": round(time.monotonic() - started, 2),

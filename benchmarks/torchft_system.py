@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from benchmarks.common import _kill_if_due, build_model, free_port, train_step
+from benchmarks.common import WIDTH, _kill_if_due, build_model, free_port, train_step
 
 LIGHTHOUSE = str(Path(sys.executable).parent / "torchft_lighthouse")
 PATCH = "torchft 0.2.0's DDP comm hook patched (else a peer's SIGKILL kills the survivor on gloo)"
@@ -67,7 +67,7 @@ class Replica:
 
         torchft.ddp.DistributedDataParallel._comm_hook = staticmethod(_safe_comm_hook)
         log = Path(config["log_dir"])
-        model, optimizer = build_model()
+        model, optimizer = build_model(config.get("width", WIDTH))
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
         def load_state_dict(state: dict[str, Any]) -> None:
@@ -87,7 +87,7 @@ class Replica:
             if replica == 1 and config.get("kills"):
                 _kill_if_due(log, step, config["kills"], config["kill_every"])
             began = time.time()
-            train_step(ddp, ft_optimizer, step, replica, config["step_time"])  # zero_grad starts the quorum
+            train_step(ddp, ft_optimizer, step, replica, config["step_time"], config.get("width", WIDTH))  # zero_grad starts the quorum
             committed = manager.current_step() == step
             record = {"start": began, "time": time.time(), "pid": os.getpid(), "step": step}
             if committed:
