@@ -259,7 +259,7 @@ class TrainSession:
                         mode is CheckpointUploadMode.SYNC, pace, store)
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
-        agreed = self._agree(decide, held, live, report, bool(store))
+        agreed = self._agree(decide, held is not None and not kept, held, live, report, bool(store))  # kept: no part
         if kept and agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not the kept state
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
@@ -291,8 +291,8 @@ class TrainSession:
         if unwind or agreed.unwind:
             raise GenerationEnded()
 
-    def _agree(self, checkpoint: bool, held: HeldCheckpoint | None, live: LivePart | None, report: Report,
-               store_live: bool) -> Agreed:
+    def _agree(self, checkpoint: bool, part: bool, held: HeldCheckpoint | None, live: LivePart | None,
+               report: Report, store_live: bool) -> Agreed:
         """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
         done, seen = collectives_done(), self._collectives_seen
         stepped = self.context.get_world_size() == 1 or (done is not None and seen is not None and done > seen)
@@ -300,7 +300,6 @@ class TrainSession:
             self._keep_unagreed(held, live, report, stepped)
             raise GenerationEnded()
         try:
-            part = held is not None and not (live is not None and live.state_only)  # a kept state is no checkpoint
             agreed = agree(checkpoint, self._unwind_due(self.index), part, store_live)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._keep_unagreed(held, live, report, stepped)
