@@ -85,12 +85,21 @@ def flat(model: torch.nn.Module) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
-def reference(steps: int) -> dict[int, tuple[list[float], float]]:
+def sgd(params) -> torch.optim.Optimizer:
+    """The programs' optimizer, unless they say otherwise."""
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=0.05)
+
+
+def reference(steps: int, optimizer_of=sgd) -> dict[int, tuple[list[float], float]]:
     """The fault-free run, in this process: the parameters after each step, and the loss rank 0 of
     2 reports at that step (on its half of the batch, before the update)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = optimizer_of(model.parameters())
     out = {}
     for step in range(1, steps + 1):
         x, y = batch(step)
@@ -104,9 +113,9 @@ def reference(steps: int) -> dict[int, tuple[list[float], float]]:
     return out
 
 
-def assert_params_follow_reference(lines: list[dict], steps: int, timeline: str) -> None:
+def assert_params_follow_reference(lines: list[dict], steps: int, timeline: str, optimizer_of=sgd) -> None:
     """Every computed step left the parameters the fault-free run has after that step."""
-    expected = reference(steps)
+    expected = reference(steps, optimizer_of)
     wrong = [f"rank {p['rank']} gen {p['generation']} step {p['step']}: {p['params']} != {expected[p['step']][0]}"
              for p in lines if not torch.allclose(torch.tensor(p["params"]), torch.tensor(expected[p["step"]][0]),
                                                   rtol=1e-5, atol=1e-6)]
@@ -387,3 +396,43 @@ def test_growing_back_at_the_last_report_still_stores_the_last_checkpoint(local_
     with result.checkpoint.as_directory() as d:
         state = torch.load(os.path.join(d, "checkpoint.pt"))
     assert state["step"] == steps, f"the last checkpoint was never stored\n{timeline}"
+
+
+# == No checkpoint at all: the state kept live ====================================================
+def kept_state_loop(config):
+    """Ray Train's guide loop with no checkpoint, its model kept live: the optimizer (Adam, whose state
+    matters) is built after prepare_model, on the DDP model's parameters; the loop counts its steps
+    from get_context().get_resume_index()."""
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1), live_state=True)
+    optimizer = adam(model.parameters())
+    ctx = train.get_context()
+    for step in range(ctx.get_resume_index() + 1, config["steps"] + 1):
+        if step == config["at_step"] and ctx.get_world_rank() == 1 and once(config):
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = my_share(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        progress(config, step, params=flat(model))
+        train.report({"step": step, "loss": loss.item()})
+
+
+@pytest.mark.timeout(180)
+def test_no_checkpoint_with_the_state_kept_live_loses_no_step(local_ray, run_dirs):
+    """Rank 1 is SIGKILLed in a fixed run of 2: the survivor waits for its replacement, which gets the
+    model and Adam's state from it. Every step's parameters are the fault-free run's, none is redone,
+    and nothing was stored."""
+    steps = 12
+    config = {"log_dir": run_dirs["log_dir"], "steps": steps, "at_step": 6, "step_time": 0.1}
+    result = TorchTrainer(kept_state_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run")).fit()
+    timeline = assert_finished(result)
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1)), timeline
+    assert_params_follow_reference(lines, steps, timeline, adam)
+    assert steps_redone(lines) == 0, timeline
+    assert read_marker(run_dirs["log_dir"]) and set(result.world_sizes) == {2}, timeline
+    assert result.checkpoint is None
