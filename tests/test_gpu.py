@@ -1,8 +1,8 @@
 """The NCCL path, on whatever GPUs the machine has; skips cleanly on machines without one.
 
 Faults on real processes: a rank SIGKILLed, a rank SIGSTOPped, training going on for minutes after a
-recovery (c10d's watchdog used to end survivors ~60 s after: /work/shared/gpu/README.md), and two
-recoveries in a row. Each test also checks that no survivor was lost on the way (a watchdog SIGABRT
+recovery (c10d's watchdog used to end survivors ~60 s after: /work/shared/gpu/README.md), two
+recoveries in a row, and a SIGKILL in a loop with no checkpoint whose state is kept live on the GPUs. Each test also checks that no survivor was lost on the way (a watchdog SIGABRT
 would show up as a lost worker).
 
 With fewer GPUs than ranks, ranks share a GPU: each worker asks for a share of one, and gets its own
@@ -17,6 +17,7 @@ import json
 import math
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import elastic_train as et
 from elastic_train.worker.nccl_env import HOSTID_PER_PROCESS, nccl_env
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
-from tests.loops import read_progress
+from tests.loops import fault_once, log_progress, read_progress
 
 gpus = torch.cuda.device_count()
 RANKS = 3  # the multi-rank tests' world size
@@ -153,3 +154,68 @@ def test_nccl_two_recoveries_in_a_row(gpu_ray, run_dirs):
     assert _lost_pids(result) == victims
     rank0 = {p["pid"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0 and p["time"] < first["time"]}
     assert rank0 <= _survivors_went_on(run_dirs, victims, second["time"]), "rank 0 did not survive both recoveries"
+
+
+KEPT_BATCH = 12  # a step's global batch: split evenly at 1, 2 or 3 ranks
+
+
+def _kept_state_batch(step: int) -> torch.Tensor:
+    return torch.randn(KEPT_BATCH, 16, generator=torch.Generator().manual_seed(step))
+
+
+def _kept_state_loop(config: dict) -> None:
+    """No checkpoint, the model and optimizer kept live on the GPU; each rank takes its share of a
+    seeded global batch, so the math does not depend on the world size. Logs the weights each step."""
+    from elastic_train.torch import get_device, prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(16, 1), live_state=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ctx = et.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    per = KEPT_BATCH // world
+    for step in range(ctx.get_resume_index() + 1, config["steps"] + 1):
+        fault_once(config, step, rank)
+        loss = model(_kept_state_batch(step)[rank * per:(rank + 1) * per].to(get_device())).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        time.sleep(config["step_time"])
+        log_progress(config["log_dir"], rank=rank, world=world, generation=ctx.get_generation(), step=step,
+                     weight=model.module.weight.detach().flatten().cpu().tolist())
+        et.report({"step": step})
+
+
+def _kept_state_reference(steps: int) -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(1, steps + 1):
+        loss = model(_kept_state_batch(step)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.weight.detach().flatten().tolist()
+
+
+@pytest.mark.timeout(300)
+@needs_gpu
+def test_nccl_sigkill_with_the_state_kept_live_loses_no_step(gpu_ray, run_dirs):
+    """No checkpoint in the loop: the survivors resume from the state they hold on their GPUs, the
+    replacement gets it from a survivor, no step is redone, and the run ends with a fault-free run's
+    weights."""
+    steps = 60
+    result = _gpu_trainer(run_dirs, (1, RANKS), loop=_kept_state_loop, steps=steps, step_time=0.1,
+                          fault={"kind": "kill", "rank": 1, "at_step": 10}).fit()
+    assert result.error is None, result.error
+    fault = json.loads((Path(run_dirs["log_dir"]) / "fault.json").read_text())
+    assert len(_survivors_went_on(run_dirs, {fault["pid"]}, fault["time"])) == RANKS - 1
+    assert _lost_pids(result) == {fault["pid"]}
+    after = [e for e in result.events if e["kind"] == "generation" and e["time"] > fault["time"]]
+    assert (after[0]["resume_from"], after[0]["resume_index"]) == ("memory", 9)
+    rank0 = [p for p in read_progress(run_dirs["log_dir"]) if p.get("rank") == 0 and "step" in p]
+    assert sorted(p["step"] for p in rank0) == list(range(1, steps + 1)), "a step was redone or skipped"
+    last = max(rank0, key=lambda p: p["step"])
+    torch.testing.assert_close(torch.tensor(last["weight"]), torch.tensor(_kept_state_reference(steps)),
+                               rtol=1e-4, atol=1e-5)
+    assert result.checkpoint is None

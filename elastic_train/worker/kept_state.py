@@ -12,7 +12,7 @@ then, before the step runs. A newcomer gets the same state from a survivor.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -21,8 +21,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 class KeptState:
     """One model's state and that of the optimizers that step its parameters, for this generation."""
 
-    def __init__(self, model: torch.nn.Module, restored: dict[str, Any] | None):
+    def __init__(self, model: torch.nn.Module, restored: dict[str, Any] | None,
+                 before_step: Callable[[], None] = lambda: None):
         self._model = model
+        self._before = before_step  # may raise: the step is then not taken (the session's commit)
         self._params = {id(p) for p in model.parameters()}
         self._optimizers: list[torch.optim.Optimizer] = []
         self._pending: list[dict[str, Any]] = []  # restored optimizer states, loaded at each one's first step
@@ -36,13 +38,13 @@ class KeptState:
         """Register an optimizer of the model at its first step, with its restored state if any (in
         the order they first step: the same in every generation of the same loop)."""
         del args, kwargs
-        if any(o is optimizer for o in self._optimizers):
-            return
-        if not any(id(p) in self._params for group in optimizer.param_groups for p in group["params"]):
-            return  # another model's optimizer
-        if len(self._optimizers) < len(self._pending):
-            optimizer.load_state_dict(self._pending[len(self._optimizers)])
-        self._optimizers.append(optimizer)
+        if not any(o is optimizer for o in self._optimizers):
+            if not any(id(p) in self._params for group in optimizer.param_groups for p in group["params"]):
+                return  # another model's optimizer
+            if len(self._optimizers) < len(self._pending):
+                optimizer.load_state_dict(self._pending[len(self._optimizers)])
+            self._optimizers.append(optimizer)
+        self._before()
 
     def snapshot(self) -> dict[str, Any]:
         """The state now, by reference: a report's live part. An optimizer restored but not yet

@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 import psutil
 import ray
 import torch
+import torch.distributed as dist
 
 from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes, is_local,
                                                  needs_replica)
@@ -186,6 +187,7 @@ class TrainSession:
         self._resume_states = list(resume.loader_states) if resume else []
         self._loaders: list[StatefulLoader] = []
         self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
+        self._step_committed = False  # NCCL: the kept state's step since the last barrier was agreed (_commit_step)
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
         self._scratch: str | None = None
@@ -295,7 +297,11 @@ class TrainSession:
                report: Report, store_live: bool) -> Agreed:
         """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
         done, seen = collectives_done(), self._collectives_seen
-        stepped = self.context.get_world_size() == 1 or (done is not None and seen is not None and done > seen)
+        if dist.is_initialized() and dist.get_backend() == "nccl":  # issued is not done: only a committed step counts
+            stepped, self._step_committed = self._step_committed, False
+        else:
+            stepped = done is not None and seen is not None and done > seen
+        stepped = stepped or self.context.get_world_size() == 1
         if self._generation_ended():
             self._keep_unagreed(held, live, report, stepped)
             raise GenerationEnded()
@@ -376,7 +382,26 @@ class TrainSession:
             raise ValueError(
                 "prepare_model(..., live_state=True) was called twice in one loop: keep the state of one model "
                 "(put several in one torch.nn.Module), or report the others in Checkpoint.from_dict.")
-        self._kept = KeptState(model, self._restored_state())
+        self._kept = KeptState(model, self._restored_state(), self._commit_step)
+
+    def _commit_step(self) -> None:
+        """Before the kept state's optimizer steps, under NCCL: there the step's gradient all-reduce runs
+        on the GPU after the loop has moved on, and the optimizer's kernels would apply whatever a failed
+        one left in the gradients. As torchft does, every rank agrees first: a one-element all-reduce
+        after the gradients', on the same communicator, read here. It adds up to the world size only if
+        every rank's gradients came through; otherwise the step is not taken and the loop unwinds, its
+        state still the last report's."""
+        if not dist.is_initialized() or dist.get_backend() != "nccl":
+            return
+        ones = torch.ones(1, dtype=torch.int32, device=torch.device("cuda", torch.cuda.current_device()))
+        try:
+            dist.all_reduce(ones)
+            agreed = int(ones.item()) == dist.get_world_size()
+        except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
+            raise PeerLost(f"the step's commit before optimizer.step() failed: {exc}") from exc
+        if not agreed or self._generation_ended():
+            raise PeerLost("a peer was lost during the step's gradient all-reduce: the step is not taken")
+        self._step_committed = True
 
     def _restored_state(self) -> dict[str, Any] | None:
         """The kept state this generation resumes from: this worker's own tensors when it holds them
