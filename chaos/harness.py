@@ -7,7 +7,7 @@ import logging
 import random
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from chaos.faults import FAULTS, ChaosContext
 from chaos.schedules import Firing
@@ -24,11 +24,13 @@ class ChaosRunner:
     node the harness added; starting nodes are taken over in order)."""
 
     def __init__(self, ctx: ChaosContext, firings: list[Firing], fault: str = "sigkill", target: str = "random",
-                 seed: int = 0, **fault_args: Any):
+                 seed: int = 0, ready: Callable[[float], bool] | None = None, ready_poll_s: float = 0.1,
+                 **fault_args: Any):
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
         self.ctx, self.firings, self.fault, self.target = ctx, firings, fault, target
         self.fault_args = fault_args
+        self.ready, self.ready_poll_s = ready, ready_poll_s
         self._rng = random.Random(seed)
         self._stop = threading.Event()
         self._trace_nodes: dict[str, str] = {}  # trace node name -> Ray node id
@@ -46,14 +48,26 @@ class ChaosRunner:
         self.ctx.cancel_timers()
 
     def run(self) -> None:
-        started = time.monotonic()
+        started, fired_at = time.monotonic(), None
         for firing in self.firings:
             if self._stop.wait(max(0.0, started + firing.at_s - time.monotonic())):
                 return
+            if fired_at is not None and not self._await_ready(fired_at):
+                return
+            fired_at = time.time()
             try:
                 self._fire(firing)
             except Exception:  # noqa: BLE001 - a fault that cannot be injected is logged, the schedule goes on
                 logger.exception("chaos: could not inject %s", firing)
+
+    def _await_ready(self, fired_at: float) -> bool:
+        """With `ready`, a firing also waits until `ready(wall time of the previous firing)` holds (the run
+        recovered from it, as the scenario defines it): faults that a design survives one at a time are
+        not stacked. False if the harness was stopped meanwhile."""
+        while self.ready is not None and not self.ready(fired_at):
+            if self._stop.wait(self.ready_poll_s):
+                return False
+        return True
 
     def _fire(self, firing: Firing) -> None:
         if firing.action in ("add", "remove") and self.ctx.cluster is None:

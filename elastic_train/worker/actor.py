@@ -223,10 +223,11 @@ class TrainWorker:
         self._generation, self._assignment = generation, assignment
         try:
             self._group.join(assignment)
-        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous
+        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous, or the generation ended
             self._generation = None
             self._group.leave()
-            return Outcome(Exit.COLLECTIVE_ERROR, generation, traceback.format_exc())
+            return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
+                           traceback.format_exc())
         self._store_resumed(assignment)
         session = TrainSession(
             self.worker_id,

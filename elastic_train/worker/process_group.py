@@ -7,8 +7,14 @@ naming a group works unchanged, and sees the generation's world. This object own
 aborts it, and tears it down (with any subgroup the loop made in it), itself.
 
 Abort is generation-scoped: `abort(g)` acts only on the group of generation `g`. A late abort (for g,
-arriving after this worker left g and joined g+1) is ignored; one that arrives while g's group is
-still forming aborts it as soon as it exists.
+arriving after this worker left g and joined g+1) is ignored. One that arrives while g's group is
+still forming ends the join at once: a peer that died during the rendezvous would otherwise hold the
+others in it for longer than the rendezvous timeout (torch's store client retries its connect to a
+dead rank 0 for up to ~2.5 x that timeout, measured: 50 s at 20 s), past `drain_timeout_s`, and the
+supervisor would drop them as hung. The store client connects on a helper thread the join stops
+waiting for; once connected, the abort shuts down this process's connections to the store (rank 0's
+server side too), so the rendezvous' store waits fail at once. An abort that lands after
+`init_process_group` returned aborts the group as soon as the join holds it.
 
 Gloo has no abort for an operation in flight (`ProcessGroupGloo.abort()` returns, the op waits its
 full timeout: measured on torch 2.13), so `abort()` shuts down the group's own TCP connections: the op
@@ -61,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future
 import socket
 import struct
 import threading
@@ -96,6 +103,7 @@ class GenerationProcessGroup:
         self._collective_timeout_s = collective_timeout_s
         self._destroy_timeout_s = destroy_timeout_s
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # an abort, or the store's connect done
         self._generation: int | None = None  # the generation joined (or joining)
         self._group: dist.ProcessGroup | None = None  # its default group, once formed
         self._store: dist.TCPStore | None = None
@@ -114,13 +122,11 @@ class GenerationProcessGroup:
             self._generation, self._group, self._rank = assignment.generation, None, assignment.rank
             self._aborted.clear()
             self._listeners, self._fallback = None, []
-        self._store = dist.TCPStore(
-            assignment.master_addr,
-            assignment.master_port,
-            assignment.world_size,
-            is_master=assignment.rank == 0,
-            timeout=timedelta(seconds=self._rendezvous_timeout_s),
-        )
+        store = self._open_store(assignment)
+        with self._lock:
+            if self._aborted.is_set():
+                self._raise_aborted()
+            self._store = store  # from here an abort shuts down its connections
         before = _established() if self.backend == "gloo" else set()
         dist.init_process_group(
             self.backend,
@@ -142,6 +148,42 @@ class GenerationProcessGroup:
             if self._aborted.is_set():  # an abort of this generation came while its group was forming
                 self._abort_locked()
 
+    def _open_store(self, assignment: Assignment) -> dist.TCPStore:
+        """The generation's store: served by rank 0 (which does not wait for the others here: that wait
+        could not be interrupted; the rendezvous' own waits can), reached by the others from a helper
+        thread, so that an abort ends the wait for a rank 0 that never serves it."""
+        def open_store() -> dist.TCPStore:
+            return dist.TCPStore(
+                assignment.master_addr,
+                assignment.master_port,
+                assignment.world_size,
+                is_master=assignment.rank == 0,
+                timeout=timedelta(seconds=self._rendezvous_timeout_s),
+                wait_for_workers=False,
+            )
+
+        if assignment.rank == 0:
+            return open_store()
+        opened: Future[dist.TCPStore] = Future()
+
+        def connect() -> None:
+            try:
+                opened.set_result(open_store())
+            except BaseException as exc:  # noqa: BLE001 - handed to the join, which raises it
+                opened.set_exception(exc)
+            with self._changed:
+                self._changed.notify_all()
+
+        threading.Thread(target=connect, daemon=True, name=f"elastic-train-store-{assignment.generation}").start()
+        with self._changed:
+            self._changed.wait_for(lambda: opened.done() or self._aborted.is_set())
+            if not opened.done():
+                self._raise_aborted()
+        return opened.result()
+
+    def _raise_aborted(self) -> None:
+        raise RuntimeError(f"generation {self._generation} ended while this worker was joining its group")
+
     def _nccl_options(self) -> dict[str, Any]:
         """A non-blocking communicator (abortable while an op is in flight), made at once on this GPU."""
         apply_nccl_env(self._rendezvous_timeout_s)
@@ -161,9 +203,18 @@ class GenerationProcessGroup:
                 return False
             if not self._aborted.is_set():
                 self._aborted.set()
-                if self._group is not None:  # else join aborts it once formed
+                self._changed.notify_all()
+                if self._group is not None:
                     self._abort_locked()
+                elif self._store is not None:  # forming: its store waits fail (join aborts the group if formed)
+                    self._shut_down_store()
             return True
+
+    def _shut_down_store(self) -> None:
+        master = (self._store.host, self._store.port)
+        closed = sum(_shut_down(*c) for c in _connections() if _matches(c[1], master) or _matches(c[2], master))
+        logger.info("generation %s ended while its group formed: shut down %d store connections", self._generation,
+                    closed)
 
     def _abort_locked(self) -> None:
         if self.backend == "gloo":

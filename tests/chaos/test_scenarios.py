@@ -19,6 +19,7 @@ from chaos.traces import read_trace
 from tests.chaos.scenario import attach, chaos_trainer, check_invariants, longest_stalls, recovery_times
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background
+from tests.loops import read_progress
 
 TRACE = Path(__file__).resolve().parent / "data" / "oobleck-aws-g4dn-events.csv"  # see data/README.md
 FAST_DETECTION = et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0)
@@ -29,8 +30,9 @@ def _run(run_dirs: dict, trainer: et.TorchTrainer, world: int, firings: list, fa
          **context) -> dict:
     join = fit_in_background(trainer)
     fault_args = context.pop("fault_args", {})
+    ready = context.pop("ready", None)
     ctx = attach(run_dirs, world, **context)
-    runner = ChaosRunner(ctx, firings, fault=fault, target=target, seed=1, **fault_args).start()
+    runner = ChaosRunner(ctx, firings, fault=fault, target=target, seed=1, ready=ready, **fault_args).start()
     result = join(240)
     runner.stop()
     faults = [e for e in ctx.log.entries if e["kind"] in ("sigkill", "kill-actor", "hang", "preempt-notice",
@@ -70,9 +72,23 @@ def test_sigkill_with_no_checkpoint_in_the_loop(local_ray, run_dirs):
     """The loop reports no checkpoint: its model and optimizer (SGD with momentum) are kept live
     (`prepare_model(model, live_state=True)`). Random workers are SIGKILLed: the survivor goes on from
     its own state, the replacement gets it from the survivor, and no step is redone; the run ends with a
-    fault-free run's state, and stored nothing."""
+    fault-free run's state, and stored nothing. A fault fires only while two ranks hold the state (both
+    reported in a generation past the previous fault's): the death of its only holder starts the run
+    over, as the README's known limits say."""
     _run(run_dirs, chaos_trainer(run_dirs, (1, 2), live_state=True), 2, schedules.every(3.0, 2), "sigkill", "random",
-         redone_per_fault=0, live_state=True)
+         redone_per_fault=0, live_state=True, ready=lambda fired_at: _held_twice(run_dirs["log_dir"], fired_at))
+
+
+def _held_twice(log_dir: str, since: float) -> bool:
+    """Have both ranks of a world of 2 reported (logged a step after their first) in a generation newer
+    than the one running at wall time `since`?"""
+    progress = [p for p in read_progress(log_dir) if "step" in p]
+    before = max((p["generation"] for p in progress if p["time"] <= since), default=-1)
+    steps: dict[tuple[int, int], int] = {}
+    for p in progress:
+        if p["time"] > since and p["generation"] > before and p["world"] == 2:
+            steps[p["generation"], p["rank"]] = steps.get((p["generation"], p["rank"]), 0) + 1
+    return any(steps.get((g, 0), 0) >= 2 and steps.get((g, 1), 0) >= 2 for g, _ in steps)
 
 
 @pytest.mark.timeout(300)
