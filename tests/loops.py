@@ -31,13 +31,19 @@ def read_progress(log_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def fault_once(config: dict, step: int, rank: int, point: str = "step_start") -> None:
-    """Inject the configured fault once: {"kind": "kill"|"stop"|"raise"|"hang", "at_step", "rank", "point"}.
-    "hang" blocks the loop for good while the process (and its heartbeat thread) stays alive."""
-    fault = config.get("fault")
-    if not fault or step != fault["at_step"] or rank != fault["rank"] or fault.get("point", "step_start") != point:
-        return
-    marker = Path(config["log_dir"]) / "fault.json"
+def fault_once(config: dict, step: int, rank: int, point: str = "step_start", generation: int | None = None) -> None:
+    """Inject each configured fault once. `config["fault"]` is one fault or a list of them:
+    {"kind": "kill"|"stop"|"raise"|"hang", "rank", "point", and "at_step" or "at_generation"}. "hang"
+    blocks the loop for good while the process (and its heartbeat thread) stays alive. The first
+    fault's record is fault.json, the n-th's fault-n.json."""
+    faults = config.get("fault") or []
+    for n, fault in enumerate([faults] if isinstance(faults, dict) else faults):
+        if (rank == fault["rank"] and fault.get("point", "step_start") == point
+                and fault.get("at_step", step) == step and fault.get("at_generation", generation) == generation):
+            _inject(fault, Path(config["log_dir"]) / ("fault.json" if n == 0 else f"fault-{n}.json"), step)
+
+
+def _inject(fault: dict, marker: Path, step: int) -> None:
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:

@@ -120,6 +120,27 @@ def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_d
     assert max(e["world_size"] for e in after) == 2  # the replacement joined, from the survivor's state
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("live_state", [True, False], ids=["kept-state", "checkpoint-every-step"])
+def test_the_survivor_lost_as_its_replacement_joins(local_ray, run_dirs, live_state):
+    """Rank 1 is SIGKILLed; its replacement joins the survivor, and the survivor is SIGKILLed as that
+    generation begins, before its loop starts (the replacement may be fetching the resume state from it).
+    With the state kept live nothing was stored: the replacement was given its copy of the state before
+    the generation opened, so the run goes on from it, and no step is redone. With a checkpoint at every
+    step the run goes on from the newest stored one."""
+    faults = [{"kind": "kill", "rank": 1, "at_step": 7}, {"kind": "kill", "rank": 0, "at_generation": 2,
+                                                           "point": "start"}]
+    result = chaos_trainer(run_dirs, (1, 2), step_time=0.08, live_state=live_state, fault=faults).fit()
+    check_invariants(result, run_dirs, faults=2, redone_per_fault=0 if live_state else 1, live_state=live_state)
+    generations = [e for e in result.events if e["kind"] == "generation"]
+    assert [e["world_size"] for e in generations[:4]] == [2, 1, 2, 1], generations
+    if live_state:
+        assert [e["resume_from"] for e in generations] == [None] + ["memory"] * (len(generations) - 1), generations
+        assert generations[3]["resume_index"] == generations[2]["resume_index"]  # generation 2 took no step
+        copies = [e for e in result.events if e["kind"] == "checkpoint_copied"]
+        assert copies and copies[0]["time"] < generations[2]["time"], "the replacement had no copy when it joined"
+
+
 def _kept_loop_reporting_a_checkpoint(config: dict) -> None:
     """The state kept live, and rank 0 reports a checkpoint every 5th step, which the loop never loads."""
     torch.manual_seed(0)

@@ -405,13 +405,18 @@ class TrainSession:
 
     def _restored_state(self) -> dict[str, Any] | None:
         """The kept state this generation resumes from: this worker's own tensors when it holds them
-        (every rank's kept state is the same; none is serialized), else a survivor's copy, over Ray."""
+        (every rank's kept state is the same; none is serialized), else the copy a newcomer was given
+        before the generation opened, else a survivor's copy, over Ray."""
         plan = self.context.assignment.resume
         if plan is None or not plan.state_only:
             return None
         own = self._held_state(plan.generation, plan.index)
         if own is None:
-            return dict_from_bytes(self._gather(plan)[STATE_FILE])
+            try:
+                files = self._read_held(plan.generation, plan.index, [STATE_FILE])
+            except KeyError:
+                files = self._gather(plan)
+            return dict_from_bytes(files[STATE_FILE])
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
         return {"model": own["model"], "optimizers": copy.deepcopy(own["optimizers"])}
@@ -539,7 +544,9 @@ class TrainSession:
         return checkpoint_from_files(files, self._scratch)
 
     def _gather(self, plan: ResumePlan) -> dict[str, bytes]:
-        """The checkpoint's files from the memory of the survivors that hold them (this one included)."""
+        """The checkpoint's files from the memory of the survivors that hold them (this one included).
+        A holder lost meanwhile ends the generation (the next one resumes from what is left), as a
+        lost peer does: it is no error of the loop's."""
         files: dict[str, bytes] = {}
         remote = []
         for holder, names in plan.holders.items():
@@ -548,7 +555,11 @@ class TrainSession:
             else:
                 remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(
                     plan.generation, plan.index, names))
-        for part in ray.get(remote):
+        try:
+            parts = ray.get(remote)
+        except ray.exceptions.RayActorError as exc:
+            raise PeerLost(f"a worker holding checkpoint {plan.index} was lost while this one fetched it: {exc}") from exc
+        for part in parts:
             files.update(part)
         return files
 

@@ -44,10 +44,12 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor]:
 
 def invariant_loop(config: dict) -> dict | None:
     epochs, global_batch, live = config["epochs"], config["global_batch"], config.get("live_state", False)
+    ctx = et.get_context()
+    fault_once(config, ctx.get_resume_index(), ctx.get_world_rank(), point="start", generation=ctx.get_generation())
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=config.get("momentum", 0.0))
-    counts, step = torch.zeros(SAMPLES), et.get_context().get_resume_index()
+    counts, step = torch.zeros(SAMPLES), ctx.get_resume_index()
     checkpoint = et.get_checkpoint()
     if checkpoint is not None:
         state = checkpoint.to_dict()
@@ -63,7 +65,6 @@ def invariant_loop(config: dict) -> dict | None:
     ids = torch.arange(SAMPLES)
     loader = prepare_data_loader(DataLoader(ids, batch_size=global_batch, sampler=RandomSampler(ids)),
                                  global_batch_size=global_batch, seed=7)
-    ctx = et.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     start_epoch = loader.epoch  # where a resumed loader goes on
     for epoch in range(start_epoch, epochs):
