@@ -121,24 +121,25 @@ def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_d
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("live_state", [True, False], ids=["kept-state", "checkpoint-every-step"])
-def test_the_survivor_lost_as_its_replacement_joins(local_ray, run_dirs, live_state):
+@pytest.mark.parametrize("live_state, point", [(True, "step_start"), (False, "start")],
+                         ids=["kept-state", "checkpoint-every-step"])
+def test_the_survivor_lost_as_its_replacement_joins(local_ray, run_dirs, live_state, point):
     """Rank 1 is SIGKILLed; its replacement joins the survivor, and the survivor is SIGKILLed as that
-    generation begins, before its loop starts (the replacement may be fetching the resume state from it).
-    With the state kept live nothing was stored: the replacement was given its copy of the state before
-    the generation opened, so the run goes on from it, and no step is redone. With a checkpoint at every
-    step the run goes on from the newest stored one."""
+    generation begins. With the state kept live nothing was stored: the survivor dies at its first step,
+    before the generation's first report, and the replacement holds the copy it fetched (the supervisor
+    knows it before the replacement goes on), so the run goes on from it and no step is redone. With a
+    checkpoint every step the survivor dies before its loop starts, maybe while the replacement fetches
+    the resume checkpoint from it: that ends the generation (it is no error of the loop's), and the run
+    goes on from the newest stored checkpoint."""
     faults = [{"kind": "kill", "rank": 1, "at_step": 7}, {"kind": "kill", "rank": 0, "at_generation": 2,
-                                                           "point": "start"}]
+                                                           "point": point}]
     result = chaos_trainer(run_dirs, (1, 2), step_time=0.08, live_state=live_state, fault=faults).fit()
     check_invariants(result, run_dirs, faults=2, redone_per_fault=0 if live_state else 1, live_state=live_state)
     generations = [e for e in result.events if e["kind"] == "generation"]
     assert [e["world_size"] for e in generations[:4]] == [2, 1, 2, 1], generations
     if live_state:
         assert [e["resume_from"] for e in generations] == [None] + ["memory"] * (len(generations) - 1), generations
-        assert generations[3]["resume_index"] == generations[2]["resume_index"]  # generation 2 took no step
-        copies = [e for e in result.events if e["kind"] == "checkpoint_copied"]
-        assert copies and copies[0]["time"] < generations[2]["time"], "the replacement had no copy when it joined"
+        assert generations[3]["resume_index"] == generations[2]["resume_index"]  # generation 2 made no report
 
 
 def _kept_loop_reporting_a_checkpoint(config: dict) -> None:

@@ -110,8 +110,6 @@ class Supervisor:
         self._resize_at: int | None = None
         self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
         self._handover: asyncio.Future | None = None  # leaving workers handing their checkpoint parts over
-        self._seeding: asyncio.Future | None = None  # newcomers taking a copy of the kept state
-        self._seeds_tried: set[tuple[int, int, int]] = set()  # (worker, generation, index) copies asked for
         self._max_index = 0
         self._failures = 0
         self._counted: set[int] = set()  # generations whose user error was counted
@@ -291,8 +289,6 @@ class Supervisor:
         do = decision.do
         if do in (policy.Do.OPEN, policy.Do.SCHEDULE) and not self._leaving_released():
             return  # leaving workers hand their checkpoint parts over first
-        if do is policy.Do.OPEN and not self._newcomers_seeded(candidates):
-            return  # newcomers take a copy of the kept state first
         if do is policy.Do.FINISH:
             self._transition(RunState.FINISHED)
         elif do is policy.Do.RESTART:
@@ -373,47 +369,13 @@ class Supervisor:
         self._worker_failures = raised or {}
         self._transition(RunState.ERRORED)
 
-    def _choose(self, candidates: list[WorkerRecord]) -> tuple[list[WorkerRecord], list[WorkerRecord]]:
-        """The next generation's members (survivors by rank, then newcomers, up to the maximum), and
-        which of them are newcomers."""
+    def _open_generation(self, candidates: list[WorkerRecord]) -> None:
         survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
         newcomers = [w for w in candidates if w not in survivors]
         chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[
             : self._scaling.max_workers
         ]
-        return chosen, [w for w in chosen if w in newcomers]
-
-    def _newcomers_seeded(self, candidates: list[WorkerRecord]) -> bool:
-        """A generation that resumes from a kept state opens once each newcomer holds a copy of it (or
-        its copy was tried). Nothing of a kept state is stored: without the copy, a survivor lost as the
-        generation begins, before the newcomer fetched it, takes the only one with it. The copy is what
-        the newcomer would fetch at its start anyway, and it restores from it."""
-        if self._seeding is not None:
-            return False
-        chosen, newcomers = self._choose(candidates)
-        plan = self._resume_plan({w.worker_id for w in chosen})
-        if plan is None or not plan.state_only:
-            return True
-        key = (plan.generation, plan.index)
-        missing = [w for w in newcomers if key not in w.holds and (w.worker_id, *key) not in self._seeds_tried]
-        if not missing:
-            return True
-        self._seeds_tried.update((w.worker_id, *key) for w in missing)
-        self._seeding = self._track(self._seed(plan, missing))
-        return False
-
-    async def _seed(self, plan: ResumePlan, newcomers: list[WorkerRecord]) -> None:
-        try:
-            ((holder, names),) = plan.holders.items()  # a kept state is one file, the same on every rank
-            source = self._pool.records[holder]
-            await asyncio.gather(*(self._copy_part(source, w, plan, names) for w in newcomers))
-        finally:
-            self._seeding = None
-            self._wake.set()
-
-    def _open_generation(self, candidates: list[WorkerRecord]) -> None:
-        chosen, newcomers = self._choose(candidates)
-        placements = assign_ranks([w for w in chosen if w not in newcomers], newcomers)
+        placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
         self._close_generation()
         self._generation += 1
         self._world_size = len(chosen)
@@ -488,7 +450,7 @@ class Supervisor:
             if whole is not None and (kept is None or kept.index < whole.index):
                 if staying:
                     target = min(staying, key=lambda w: w.rank)
-                    moves = [self._copy_part(self._pool.records[wid], target, whole, names)
+                    moves = [self._hand_over_part(self._pool.records[wid], target, whole, names)
                              for wid, names in whole.holders.items() if wid in leaving_ids]
                     await asyncio.gather(*moves)
                 elif not whole.state_only:
@@ -503,19 +465,17 @@ class Supervisor:
             self._handover = None
             self._wake.set()
 
-    async def _copy_part(self, source: WorkerRecord, target: WorkerRecord, plan: ResumePlan, names: list[str]) -> None:
-        """`source`'s files `names` of the checkpoint of `plan`, copied into `target`'s memory, which
-        then serves them."""
+    async def _hand_over_part(self, source: WorkerRecord, target: WorkerRecord, plan: ResumePlan,
+                              names: list[str]) -> None:
         try:
             await asyncio.wait_for(source.actor.hand_over.remote(plan.generation, plan.index, names, target.actor),
                                    self._elastic.drain_timeout_s)
         except (asyncio.TimeoutError, ray.exceptions.RayError) as exc:
-            logger.warning("worker %d could not copy checkpoint %d to worker %d: %r", source.worker_id, plan.index,
-                           target.worker_id, exc)
+            logger.warning("worker %d could not hand checkpoint %d over: %r", source.worker_id, plan.index, exc)
             return
         self._ledger.record_replica(plan.generation, plan.index, target.worker_id, names)
         target.holds.add((plan.generation, plan.index))
-        self._event("checkpoint_copied", source=source.worker_id, target=target.worker_id, index=plan.index,
+        self._event("checkpoint_handed_over", source=source.worker_id, target=target.worker_id, index=plan.index,
                     names=names)
 
     def _drop_hung_workers(self, now: float) -> None:

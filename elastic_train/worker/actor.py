@@ -148,9 +148,8 @@ class TrainWorker:
         self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running)
 
     def hand_over(self, generation: int, index: int, names: list[str], peer: Any) -> None:
-        """Copy this worker's files of a checkpoint into `peer`'s memory, which then serves them to the
-        next generation: a worker leaving under a preemption notice hands its parts over, a survivor
-        gives a newcomer its copy of the kept state."""
+        """This worker is leaving (a preemption notice): copy its files of a checkpoint into `peer`'s
+        memory, which then serves them to the next generation."""
         files = self.read_checkpoint(generation, index, names)
         held = HeldCheckpoint(index, generation, -1, sorted(files), [])
         ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)

@@ -79,8 +79,9 @@ class CheckpointMemory:
         what it holds when it parks; from then on, until its next generation, nothing is evicted."""
         with self._lock:
             key = (held.generation, held.index)
-            if isinstance(part, LivePart):
-                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
+            if isinstance(part, LivePart):  # and a kept state replaces a copy of one fetched from a peer
+                for older in [k for k, (h, p) in self._parts.items()
+                              if isinstance(p, LivePart) or (part.state_only and h.names == [STATE_FILE])]:
                     del self._parts[older]
             elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
                 # more of the same checkpoint (parts handed over by two peers): merged
@@ -405,8 +406,8 @@ class TrainSession:
 
     def _restored_state(self) -> dict[str, Any] | None:
         """The kept state this generation resumes from: this worker's own tensors when it holds them
-        (every rank's kept state is the same; none is serialized), else the copy a newcomer was given
-        before the generation opened, else a survivor's copy, over Ray."""
+        (every rank's kept state is the same; none is serialized), else the copy it fetched in an
+        earlier generation, else a survivor's copy, over Ray."""
         plan = self.context.assignment.resume
         if plan is None or not plan.state_only:
             return None
@@ -415,11 +416,20 @@ class TrainSession:
             try:
                 files = self._read_held(plan.generation, plan.index, [STATE_FILE])
             except KeyError:
-                files = self._gather(plan)
+                files = self._fetch_kept_state(plan)
             return dict_from_bytes(files[STATE_FILE])
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
         return {"model": own["model"], "optimizers": copy.deepcopy(own["optimizers"])}
+
+    def _fetch_kept_state(self, plan: ResumePlan) -> dict[str, bytes]:
+        """A survivor's copy of the kept state. This worker holds it, and the supervisor knows, before
+        it goes on: a survivor lost before this generation's first report would otherwise take the only
+        copy with it (nothing of it is stored). Its first kept report replaces it."""
+        files = self._gather(plan)
+        self._keep(HeldCheckpoint(plan.index, plan.generation, -1, [STATE_FILE], plan.loader_states), files, False)
+        ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
+        return files
 
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""

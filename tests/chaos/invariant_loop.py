@@ -70,7 +70,7 @@ def invariant_loop(config: dict) -> dict | None:
     for epoch in range(start_epoch, epochs):
         for batch in loader:
             step += 1
-            fault_once(config, step, rank)
+            fault_once(config, step, rank, generation=ctx.get_generation())
             loss = torch.nn.functional.mse_loss(ddp(x[batch]), y[batch], reduction="sum") * world / global_batch
             optimizer.zero_grad()
             loss.backward()
@@ -82,7 +82,7 @@ def invariant_loop(config: dict) -> dict | None:
             time.sleep(config.get("step_time", 0.0))
             log_progress(config["log_dir"], rank=rank, world=world, generation=ctx.get_generation(), step=step,
                          epoch=epoch)
-            fault_once(config, step, rank, point="before_report")
+            fault_once(config, step, rank, point="before_report", generation=ctx.get_generation())
             checkpoint = None if live else et.Checkpoint.from_dict(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "counts": counts, "step": step})
             et.report({"step": step, "epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint)
