@@ -37,6 +37,7 @@ from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.report_barrier import Agreed, agree, collectives_done
+from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,8 @@ class CheckpointMemory:
         what it holds when it parks; from then on, until its next generation, nothing is evicted."""
         with self._lock:
             key = (held.generation, held.index)
-            if isinstance(part, LivePart):  # and a kept state replaces a copy of one fetched from a peer
-                for older in [k for k, (h, p) in self._parts.items()
-                              if isinstance(p, LivePart) or (part.state_only and h.names == [STATE_FILE])]:
+            if isinstance(part, LivePart):
+                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
                     del self._parts[older]
             elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
                 # more of the same checkpoint (parts handed over by two peers): merged
@@ -405,31 +405,30 @@ class TrainSession:
         self._step_committed = True
 
     def _restored_state(self) -> dict[str, Any] | None:
-        """The kept state this generation resumes from: this worker's own tensors when it holds them
-        (every rank's kept state is the same; none is serialized), else the copy it fetched in an
-        earlier generation, else a survivor's copy, over Ray."""
+        """The kept state this generation resumes from. A survivor has its own tensors (every rank's
+        kept state is the same; none is serialized), or a copy a leaving peer handed it. A newcomer
+        receives it from a survivor over the group (state_transfer.py), and holds it, the supervisor
+        told before it goes on, until its first report: a survivor lost before then does not take the
+        only copy with it. Over Ray only where no member holds it."""
         plan = self.context.assignment.resume
         if plan is None or not plan.state_only:
             return None
         own = self._held_state(plan.generation, plan.index)
         if own is None:
             try:
-                files = self._read_held(plan.generation, plan.index, [STATE_FILE])
+                own = dict_from_bytes(self._read_held(plan.generation, plan.index, [STATE_FILE])[STATE_FILE])
             except KeyError:
-                files = self._fetch_kept_state(plan)
-            return dict_from_bytes(files[STATE_FILE])
+                pass
+        state = share(own) if dist.is_initialized() and dist.get_world_size() > 1 else own
+        if state is None:
+            state = dict_from_bytes(self._gather(plan)[STATE_FILE])
+        if own is None:
+            held = HeldCheckpoint(plan.index, plan.generation, -1, [STATE_FILE], plan.loader_states)
+            self._keep(held, LivePart(Checkpoint.from_dict(state), file=STATE_FILE), False)
+            ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
-        return {"model": own["model"], "optimizers": copy.deepcopy(own["optimizers"])}
-
-    def _fetch_kept_state(self, plan: ResumePlan) -> dict[str, bytes]:
-        """A survivor's copy of the kept state. This worker holds it, and the supervisor knows, before
-        it goes on: a survivor lost before this generation's first report would otherwise take the only
-        copy with it (nothing of it is stored). Its first kept report replaces it."""
-        files = self._gather(plan)
-        self._keep(HeldCheckpoint(plan.index, plan.generation, -1, [STATE_FILE], plan.loader_states), files, False)
-        ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
-        return files
+        return {"model": state["model"], "optimizers": copy.deepcopy(state["optimizers"])}
 
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""
