@@ -198,64 +198,55 @@ def _next_generation_alone(group: GenerationProcessGroup, generation: int, port:
     return x.item()
 
 
-def _abort_while_forming_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
-    """The abort of generation 0 reaches rank 0 while its group is forming, waiting for rank 1, which
-    reached the store but never enters the group (it died): the join ends at once, and the next
-    generation forms."""
-    if rank == 1:
-        dist.TCPStore("127.0.0.1", ports[0], world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-        control.set("store_up/0", "1")
-        control.wait(["done"])
-        return {}
-    group = _group()
+def _join_aborted_once(group: GenerationProcessGroup, assignment: Assignment, ready: Callable[[], None],
+                       next_port: int) -> dict[str, Any]:
+    """Join `assignment` while another thread aborts its generation once `ready()` returns: whether the
+    abort acted, what the join raised, how long after the abort the join ended; then whether the next
+    generation forms (the sum of an all-reduce of one, alone)."""
     seen: dict[str, Any] = {}
 
-    def abort_while_forming() -> None:
-        _gloo_record_of_rank_0(ports[0], control).wait(["0"])
+    def abort() -> None:
+        ready()
         seen["aborted_at"] = time.monotonic()
-        seen["acted"] = group.abort(0)
+        seen["acted"] = group.abort(assignment.generation)
 
-    aborter = threading.Thread(target=abort_while_forming)
+    aborter = threading.Thread(target=abort)
     aborter.start()
     try:
-        group.join(_assignment(0, rank, world, ports[0]))
+        group.join(assignment)
         seen["join_error"] = None
     except Exception as exc:  # noqa: BLE001 - what the test expects
         seen["join_error"] = str(exc)
     seen["seconds"] = time.monotonic() - seen.get("aborted_at", float("inf"))
     aborter.join(TIMEOUT_S)
     group.leave()
-    seen["next_sum"] = _next_generation_alone(group, 1, ports[1])
+    seen["next_sum"] = _next_generation_alone(group, assignment.generation + 1, next_port)
+    return seen
+
+
+def _abort_while_forming_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
+    """The abort of generation 0 reaches rank 0 while its group is forming, waiting for rank 1, which
+    reached the store but never enters the group (it died)."""
+    if rank == 1:
+        dist.TCPStore("127.0.0.1", ports[0], world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+        control.set("store_up/0", "1")
+        control.wait(["done"])
+        return {}
+    seen = _join_aborted_once(_group(), _assignment(0, rank, world, ports[0]),
+                              lambda: _gloo_record_of_rank_0(ports[0], control).wait(["0"]), ports[1])
     control.set("done", "1")
     return seen
 
 
 def _rank_0_never_serves_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
     """This process is rank 1 of 2; rank 0's store port accepts the connection (the kernel's backlog)
-    but never answers (rank 0 froze or died as it started). The abort ends the join at once; the next
-    generation forms though the connecting thread is still stuck."""
+    but never answers (rank 0 froze or died as it started). The next generation forms though the
+    connecting thread is still stuck."""
     listener = socket.create_server(("127.0.0.1", 0))
-    group = _group()
-    seen: dict[str, Any] = {}
-
-    def abort_once_connecting() -> None:
-        listener.settimeout(TIMEOUT_S)
-        seen["accepted"], _ = listener.accept()
-        seen["aborted_at"] = time.monotonic()
-        seen["acted"] = group.abort(0)
-
-    aborter = threading.Thread(target=abort_once_connecting)
-    aborter.start()
-    try:
-        group.join(_assignment(0, 1, 2, listener.getsockname()[1]))
-        seen["join_error"] = None
-    except Exception as exc:  # noqa: BLE001 - what the test expects
-        seen["join_error"] = str(exc)
-    seen["seconds"] = time.monotonic() - seen.get("aborted_at", float("inf"))
-    aborter.join(TIMEOUT_S)
-    group.leave()
-    seen["next_sum"] = _next_generation_alone(group, 1, ports[1])
-    return {k: v for k, v in seen.items() if k != "accepted"}
+    listener.settimeout(TIMEOUT_S)
+    accepted: list[socket.socket] = []  # kept open until the scenario ends
+    return _join_aborted_once(_group(), _assignment(0, 1, 2, listener.getsockname()[1]),
+                              lambda: accepted.append(listener.accept()[0]), ports[1])
 
 
 def _stuck_teardown_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
@@ -307,20 +298,22 @@ def test_abort_interrupts_a_collective_stuck_on_a_frozen_peer_within_a_second():
     assert rank0["seconds"] < 1.0, f"abort took {rank0['seconds']:.2f}s (the collective timeout is {TIMEOUT_S}s)"
 
 
+def _assert_join_ended_at_once(result: dict[str, Any]) -> None:
+    assert result["acted"] is True and result["join_error"] is not None, result
+    assert result["seconds"] < 1.0, f"the join ended {result['seconds']:.2f}s after the abort (timeout {TIMEOUT_S}s)"
+    assert result["next_sum"] == 1.0, "the next generation did not form"
+
+
 @pytest.mark.timeout(90)
-def test_abort_while_the_group_forms_without_a_dead_peer_ends_the_join_at_once():
+def test_abort_while_the_group_forms_ends_the_join_at_once():
     rank0, _ = _run(_abort_while_forming_scenario, world=2, generations=2)
-    assert rank0["acted"] is True and rank0["join_error"] is not None, rank0
-    assert rank0["seconds"] < 1.0, f"the join ended {rank0['seconds']:.2f}s after the abort (timeout {TIMEOUT_S}s)"
-    assert rank0["next_sum"] == 1.0
+    _assert_join_ended_at_once(rank0)
 
 
 @pytest.mark.timeout(90)
 def test_abort_ends_a_join_waiting_for_a_rank_0_that_never_serves_its_store():
     (result,) = _run(_rank_0_never_serves_scenario, world=1, generations=2)
-    assert result["acted"] is True and result["join_error"] is not None, result
-    assert result["seconds"] < 1.0, f"the join ended {result['seconds']:.2f}s after the abort (timeout {TIMEOUT_S}s)"
-    assert result["next_sum"] == 1.0
+    _assert_join_ended_at_once(result)
 
 
 @pytest.mark.timeout(90)
