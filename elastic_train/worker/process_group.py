@@ -67,13 +67,13 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import Future
 import socket
 import struct
 import threading
 import time
+from concurrent.futures import Future
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import torch
@@ -181,7 +181,7 @@ class GenerationProcessGroup:
                 self._raise_aborted()
         return opened.result()
 
-    def _raise_aborted(self) -> None:
+    def _raise_aborted(self) -> NoReturn:
         raise RuntimeError(f"generation {self._generation} ended while this worker was joining its group")
 
     def _nccl_options(self) -> dict[str, Any]:

@@ -42,33 +42,31 @@ def share(state: Any | None) -> Any | None:
         return state
     source, rank = held.index(True), dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    tensors: list[torch.Tensor] = []
-    message: list[Any] = [_outline(state, device, tensors) if rank == source else None]
+    sent: list[tuple[torch.Tensor, _Slot]] = []
+    message: list[Any] = [_outline(state, device, sent) if rank == source else None]
     dist.broadcast_object_list(message, src=source)
     outline, size = message[0]
-    if rank == source:
-        buffer = torch.empty(size, dtype=torch.uint8, device=device)
-        for tensor, slot in zip(tensors, _slots(outline)):
-            buffer[slot.offset : slot.offset + slot.nbytes] = _bytes(tensor)
-    else:
-        buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    for tensor, slot in sent:
+        buffer[slot.offset : slot.offset + slot.nbytes] = _bytes(tensor)
     if size:
         dist.broadcast(buffer, src=source)
     return state if state is not None else _fill(outline, buffer)
 
 
-def _outline(value: Any, device: torch.device, tensors: list[torch.Tensor], end: list[int] | None = None) -> Any:
-    """`value` with each dense tensor on `device` replaced by its slot (appended to `tensors`), and
+def _outline(value: Any, device: torch.device, sent: list[tuple[torch.Tensor, _Slot]],
+             end: list[int] | None = None) -> Any:
+    """`value` with each dense tensor on `device` replaced by its slot (both appended to `sent`), and
     the buffer's size: (outline, size) at the top level."""
     top = end is None
     end = [0] if top else end
     if isinstance(value, torch.Tensor) and _sendable(value, device):
         nbytes = value.numel() * value.element_size()
         out: Any = _Slot(end[0], nbytes, value.dtype, tuple(value.shape))
-        tensors.append(value)
+        sent.append((value, out))
         end[0] += -(-nbytes // _ALIGN) * _ALIGN
     elif type(value) in _NESTS:
-        out = _rebuild(value, lambda v: _outline(v, device, tensors, end))
+        out = _rebuild(value, lambda v: _outline(v, device, sent, end))
     else:
         out = value  # pickled as it is
     return (out, end[0]) if top else out
@@ -92,16 +90,6 @@ def _rebuild(value: Any, each: Callable[[Any], Any]) -> Any:
             out._metadata = value._metadata
         return out
     return type(value)(each(v) for v in value)
-
-
-def _slots(outline: Any) -> list[_Slot]:
-    """The slots of `outline`, in the order `_outline` met their tensors."""
-    if isinstance(outline, _Slot):
-        return [outline]
-    if type(outline) not in _NESTS:
-        return []
-    values = outline.values() if isinstance(outline, dict) else outline
-    return [slot for value in values for slot in _slots(value)]
 
 
 def _fill(outline: Any, buffer: torch.Tensor) -> Any:
