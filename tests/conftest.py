@@ -3,8 +3,10 @@ test, a real S3 endpoint."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -137,3 +139,11 @@ def s3_bucket(s3_server, request):
 
 def pytest_configure(config):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Keep Python's fault handler on past pytest's own (which it turns off here): a crash while the
+    interpreter shuts down (seen once after a green suite: a thread running code of a library already
+    unloaded) then prints every thread's stack."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
