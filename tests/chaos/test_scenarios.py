@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -84,11 +85,9 @@ def _held_twice(log_dir: str, since: float) -> bool:
     than the one running at wall time `since`?"""
     progress = [p for p in read_progress(log_dir) if "step" in p]
     before = max((p["generation"] for p in progress if p["time"] <= since), default=-1)
-    steps: dict[tuple[int, int], int] = {}
-    for p in progress:
-        if p["time"] > since and p["generation"] > before and p["world"] == 2:
-            steps[p["generation"], p["rank"]] = steps.get((p["generation"], p["rank"]), 0) + 1
-    return any(steps.get((g, 0), 0) >= 2 and steps.get((g, 1), 0) >= 2 for g, _ in steps)
+    steps = Counter((p["generation"], p["rank"]) for p in progress
+                    if p["time"] > since and p["generation"] > before and p["world"] == 2)
+    return any(steps[g, 0] >= 2 and steps[g, 1] >= 2 for g, _ in steps)
 
 
 @pytest.mark.timeout(300)
