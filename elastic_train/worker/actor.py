@@ -257,6 +257,7 @@ class TrainWorker:
                 returned = self._spec.train_fn()
             else:
                 returned = self._spec.train_fn(self._spec.train_config)
+            session.finish()
             self._flush_last_checkpoint(session)
             outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
         except PeerLost:

@@ -1,10 +1,10 @@
 """`report()`'s barrier, over the generation's own process group.
 
-Every rank calls `report()` alike (as in Ray Train), and no rank may leave report `k` before every
-rank has made it: then no rank runs a step past a lost peer's last report, so at most one step is
-redone even in a loop with no collective. The supervisor used to be that barrier, a Ray round trip
-per report (~5 ms a step on 2 cores). Here it is one all-reduce of a few flags over the group the
-loop already has, which also carries what every rank must decide alike:
+Every rank calls `report()` alike (as in Ray Train), and reports are made in lockstep: no rank
+leaves report `k + 1` before every rank has made report `k`, so a lost peer's last report is at
+most one behind the survivors'. The supervisor used to be that barrier, a Ray round trip per report
+(~5 ms a step on 2 cores). Here it is one all-reduce of a few flags over the group the loop already
+has, which also carries what every rank must decide alike:
 
 * `checkpoint`: some rank reports a checkpoint the supervisor decides on, so every rank takes the
   round trip through it, which decides whether it is stored and answers once it is recorded;
@@ -15,6 +15,14 @@ loop already has, which also carries what every rank must decide alike:
 * `store_live`: some rank holds a live dict part due to be stored (`CheckpointConfig.persist_due`).
   When every rank holds one, the ranks need no one to decide: rank 0 stores it, none takes a round trip.
 
+Waiting for the all-reduce is most of a report's cost: ~1-2 ms on 2 cores, where the same
+all-reduce issued and awaited one report later costs ~0.2 ms (thread and process wake-ups, not
+bytes). So a plain report (no checkpoint, nothing to decide: `goes_on`) issues its all-reduce and
+returns; the next report waits for it. A report that must decide waits at once. Every rank knows
+the previous report's agreement when it decides, so all ranks wait at a report that follows a
+notable one; after a plain one, a rank that waits may have peers that went on, and defers what all
+must do alike (`unwind`) to the next report, where every rank waits.
+
 A lost peer makes the all-reduce fail (gloo: its connection closes; a hung one: the supervisor
 aborts the group); the loop then unwinds like any failed collective. Its wait is bounded by
 `ElasticConfig.collective_timeout_s`, like every collective of the loop.
@@ -22,10 +30,14 @@ aborts the group); the loop then unwinds like any failed collective. Its wait is
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,18 +57,79 @@ class Agreed:
         rank holds a live dict part, rank 0's is all of it: rank 0 stores it, and no one asks."""
         return self.checkpoint or (self.store_live and not self.every_part)
 
+    @property
+    def notable(self) -> bool:
+        """Did some rank bring anything but metrics (and a state kept live)? Then every rank waits for
+        the next report's agreement at once."""
+        return self.checkpoint or self.unwind or self.some_part or self.store_live
 
-def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
-    """The group's decision from this rank's flags: an all-reduce (MAX) of them, a barrier."""
+
+def goes_on(plain: bool, unwind_due: bool, previous: Agreed | None, backend: str | None) -> bool:
+    """May this rank leave its report before the others made it, its agreement awaited at the next
+    report? Only a plain report (no checkpoint) with no unwind due, after a plain one (or one that
+    carried a state kept live), on gloo. The first report of a generation waits: no rank knows a
+    previous one. NCCL waits: its result is read on the host after the step's kernels, and the
+    kept state's commit (worker/session.py) already agrees once a step."""
+    return plain and not unwind_due and previous is not None and not previous.notable and backend == "gloo"
+
+
+def all_wait(previous: Agreed | None) -> bool:
+    """Does every rank wait for this report's agreement at once, so that all may act on it now?"""
+    return previous is None or previous.notable
+
+
+class Agreement:
+    """One report's flags, all-reduced (MAX) over the group: issued by `issue`, read by `result`."""
+
+    def __init__(self, flags: torch.Tensor, work: dist.Work | None):
+        self._flags = flags
+        self._work = work  # None: a group of one, the flags are already the answer
+
+    def result(self) -> Agreed:
+        """Wait for the all-reduce (bounded by the group's timeout); raises if it failed."""
+        if self._work is not None:
+            self._work.wait()
+        return self._read()
+
+    def _read(self) -> Agreed:
+        any_checkpoint, any_unwind, some_without, any_store_live, any_part = self._flags.tolist()
+        return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part))
+
+    def on_passed(self, fn: Callable[[Agreed], None]) -> None:
+        """Call `fn` with the agreement once the all-reduce passed, on the thread that completes it
+        (now, if it did already); never if it failed."""
+        def passed(future: torch.futures.Future) -> None:
+            try:
+                future.value()
+            except Exception:  # noqa: BLE001 - a failed all-reduce: `result()` raises it to the loop
+                return
+            try:
+                fn(self._read())  # not `result()`: its wait may be what this completion is about to release
+            except Exception:  # noqa: BLE001 - a callback's error must not vanish into the future
+                logger.exception("acting on a report's agreement failed")
+
+        if self._work is None:
+            fn(self.result())
+        else:
+            self._work.get_future().then(passed)
+
+
+def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreement:
+    """Start the all-reduce of this rank's flags."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return Agreed(checkpoint, unwind, part, store_live, part)
-    # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        device, group = torch.device("cpu"), False
+    else:
+        # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
+        group = True
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part)], dtype=torch.int32,
                          device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    any_checkpoint, any_unwind, some_without, any_store_live, any_part = flags.tolist()
-    return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part))
+    return Agreement(flags, dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True) if group else None)
+
+
+def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
+    """The group's decision from this rank's flags, waited for: a barrier."""
+    return issue(checkpoint, unwind, part, store_live).result()
 
 
 def collectives_done() -> int | None:

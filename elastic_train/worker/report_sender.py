@@ -33,10 +33,12 @@ class ReportSender:
         self._thread = threading.Thread(target=self._run, daemon=True, name="elastic-train-reports")
         self._thread.start()
 
-    def submit(self, report: Report) -> None:
+    def submit(self, report: Report, urgent: bool = False) -> None:
+        """Queue `report`; `urgent`: send it now (a peer's round trip to the supervisor waits for it)."""
         with self._cond:
             self._pending.append(report)
             self._submitted += 1
+            self._urgent = self._urgent or urgent
             self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:

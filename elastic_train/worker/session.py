@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn, Protocol
 
 import psutil
 import ray
@@ -36,7 +36,7 @@ from elastic_train.worker.context import TrainContext
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import Agreed, agree, collectives_done
+from elastic_train.worker.report_barrier import Agreed, Agreement, agree, all_wait, collectives_done, goes_on, issue
 from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
@@ -144,6 +144,28 @@ class CheckpointMemory:
         return {n: part[n] for n in names if n in part}
 
 
+class _Pending:
+    """A plain report that went on before its barrier passed. Its report goes to the supervisor once
+    the barrier passed, from the thread that completes it: a peer whose round trip waits for every
+    rank's report is not held a step. Sent once, before any later report of this rank."""
+
+    def __init__(self, agreement: Agreement, held: HeldCheckpoint | None, live: LivePart | None, report: Report,
+                 stepped: bool, send: Callable[[Report, bool], None]):
+        self.agreement, self.held, self.live, self.report, self.stepped = agreement, held, live, report, stepped
+        self._send = send
+        self._sent = False
+        self._lock = threading.Lock()
+
+    def send(self, agreed: Agreed) -> None:
+        with self._lock:
+            if self._sent:
+                return
+            self._sent = True
+            if agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not a kept state
+                self.report.names = None
+            self._send(self.report, agreed.round_trip)
+
+
 class TrainSession:
     def __init__(
         self,
@@ -154,7 +176,7 @@ class TrainSession:
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         held_state: Callable[[int, int], dict[str, Any] | None],  # CheckpointMemory.live_state
         persist: Callable[[PartUpload], float | None],
-        send_report: Callable[[Report], None],
+        send_report: Callable[[Report, bool], None],  # (report, urgent: a peer's round trip waits for it)
         flush_reports: Callable[[float], bool],
         generation_ended: Callable[[], bool],
         unwind_due: Callable[[int], bool],
@@ -184,6 +206,8 @@ class TrainSession:
         self._unpersisted: tuple[PartUpload, LivePart | None] | None = None  # the newest part the cadence skipped
         self.unagreed: Report | None = None  # a report whose barrier failed, whose live part still counts
         self._collectives_seen = collectives_done()  # the group's collectives up to the last barrier passed
+        self._agreed: Agreed | None = None  # the last report's agreement, which every rank knows by now
+        self._pending: _Pending | None = None  # a plain report that went on, its agreement in flight
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -208,9 +232,14 @@ class TrainSession:
         checkpoint is committed). `report()` is a barrier, as in Ray Train: no rank runs a step ahead
         of a lost peer's last report, even in a loop with no collective, so at most one step is
         redone; and the newest checkpoint every rank reported is the oldest this worker may still
-        need, never evicted by the snapshot kept here. When no rank reports a checkpoint, the metrics
-        go to the supervisor in the background: the report costs one small all-reduce. A dict
-        checkpoint is held as the live tensors it names (live_part.py), serialized only to be stored."""
+        need, never evicted by the snapshot kept here. A dict checkpoint is held as the live tensors
+        it names (live_part.py), serialized only to be stored.
+
+        Where we differ: a report with no checkpoint after one with none (report_barrier.py `goes_on`)
+        returns before the other ranks made it, its barrier awaited by the next report (or as the loop
+        ends); its metrics go to the supervisor in the background once every rank made it. It costs
+        ~0.2 ms; a rank runs at most one step ahead of the others (none in a loop whose step makes a
+        collective, as DDP's does)."""
         pace = Pace(self._enter_barrier(), float(_PROCESS.memory_info().rss), self._stall_s)
         self._step_s = 0.0
         entered = time.monotonic()
@@ -263,7 +292,15 @@ class TrainSession:
                         mode is CheckpointUploadMode.SYNC, pace, store)
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
-        agreed = self._agree(decide, held is not None and not kept, held, live, report, bool(store))  # kept: no part
+        stepped = self._stepped()
+        previous = self._confirm(held, live, report, stepped)
+        if goes_on(checkpoint is None, self._unwind_due(self.index), previous,
+                   dist.get_backend() if dist.is_initialized() else None):
+            self._go_on(held, live, report, stepped)
+            return
+        agreed = self._agree(decide, held is not None and not kept, held, live, report, bool(store), stepped)
+        if not all_wait(previous):  # peers may have gone on: they unwind with this rank after the next report
+            agreed = dataclasses.replace(agreed, unwind=False)
         if kept and agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not the kept state
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
@@ -274,7 +311,7 @@ class TrainSession:
         if not agreed.round_trip:  # the supervisor records it in the background
             if stored:
                 report.store = agreed.store_live
-            self._send_report(report)
+            self._send_report(report, False)
             if live is not None and agreed.store_live:  # every rank holds its live part: rank 0's is stored
                 self._live_reports, self._live_stored_at, self._unpersisted = 0, time.monotonic(), None
                 if assignment.rank == 0:
@@ -290,32 +327,72 @@ class TrainSession:
         self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
         reply = self._supervisor.report.remote(self.worker_id, report)
         unwind = self._settle(self.index, reply, held, files, live, replicate)  # made: the next generation resumes from it
+        unwind = unwind and all_wait(previous)
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
         if unwind or agreed.unwind:
             raise GenerationEnded()
 
-    def _agree(self, checkpoint: bool, part: bool, held: HeldCheckpoint | None, live: LivePart | None,
-               report: Report, store_live: bool) -> Agreed:
-        """The report's barrier (report_barrier.py); unwinds the loop when it fails."""
-        done, seen = collectives_done(), self._collectives_seen
+    def _stepped(self) -> bool:
+        """Did the step since the last report make a collective with every peer (see `_keep_unagreed`)?"""
         if dist.is_initialized() and dist.get_backend() == "nccl":  # issued is not done: only a committed step counts
             stepped, self._step_committed = self._step_committed, False
         else:
+            done, seen = collectives_done(), self._collectives_seen
             stepped = done is not None and seen is not None and done > seen
-        stepped = stepped or self.context.get_world_size() == 1
-        if self._generation_ended():
-            self._keep_unagreed(held, live, report, stepped)
-            raise GenerationEnded()
+        return stepped or self.context.get_world_size() == 1
+
+    def _agree(self, checkpoint: bool, part: bool, held: HeldCheckpoint | None, live: LivePart | None,
+               report: Report, store_live: bool, stepped: bool) -> Agreed:
+        """The report's barrier (report_barrier.py), waited for; unwinds the loop when it fails."""
+        self._check_ended(held, live, report, stepped)
         try:
             agreed = agree(checkpoint, self._unwind_due(self.index), part, store_live)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
-            self._keep_unagreed(held, live, report, stepped)
-            if self._generation_ended():
-                raise GenerationEnded() from exc
-            raise PeerLost(f"report {self.index}'s barrier failed: {exc}") from exc
-        self._collectives_seen = collectives_done()
+            self._barrier_failed(exc, report.index, held, live, report, stepped)
+        self._agreed, self._collectives_seen = agreed, collectives_done()
         return agreed
+
+    def _go_on(self, held: HeldCheckpoint | None, live: LivePart | None, report: Report, stepped: bool) -> None:
+        """A plain report leaves before its barrier passed: the next report (or the loop's end) awaits it."""
+        self._check_ended(held, live, report, stepped)
+        agreement = issue(False, False, False, False)
+        self._collectives_seen = collectives_done()
+        self._pending = _Pending(agreement, held, live, report, stepped, self._send_report)
+        agreement.on_passed(self._pending.send)
+
+    def _confirm(self, held: HeldCheckpoint | None, live: LivePart | None, report: Report, stepped: bool) -> Agreed | None:
+        """The previous report's agreement, awaited if that report went on without it; its kept state
+        is then held. If it failed, the report being made (`held`, `live`, `report`) is the one whose
+        barrier failed: this rank's step since made a collective with every peer if `stepped`."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                self._agreed = pending.agreement.result()
+            except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
+                self._barrier_failed(exc, pending.report.index, held, live, report, stepped)
+            pending.send(self._agreed)
+            if pending.held is not None and pending.live is not None and pending.report.names is not None:
+                self._keep(pending.held, pending.live, False)
+        return self._agreed
+
+    def finish(self) -> None:
+        """The loop returned: its last report counts once every rank made it (raises if one did not)."""
+        pending = self._pending
+        if pending is not None:
+            self._confirm(pending.held, pending.live, pending.report, pending.stepped)
+
+    def _check_ended(self, held: HeldCheckpoint | None, live: LivePart | None, report: Report, stepped: bool) -> None:
+        if self._generation_ended():
+            self._keep_unagreed(held, live, report, stepped)
+            raise GenerationEnded()
+
+    def _barrier_failed(self, exc: Exception, index: int, held: HeldCheckpoint | None, live: LivePart | None,
+                        report: Report, stepped: bool) -> NoReturn:
+        self._keep_unagreed(held, live, report, stepped)
+        if self._generation_ended():
+            raise GenerationEnded() from exc
+        raise PeerLost(f"report {index}'s barrier failed: {exc}") from exc
 
     def _check_resumed(self) -> None:
         """A loop whose state is kept live that resumed from a checkpoint it reported (the newest there
@@ -574,7 +651,12 @@ class TrainSession:
         return files
 
     def close(self) -> None:
-        """The generation is over: remove what this session wrote to local disk."""
+        """The generation is over: settle a report still awaiting its barrier (the loop raised after
+        it), and remove what this session wrote to local disk."""
+        try:
+            self.finish()
+        except (PeerLost, GenerationEnded):
+            pass  # kept as unagreed if its step made a collective with every peer
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
         if self._kept is not None:

@@ -1,0 +1,120 @@
+"""report()'s barrier (worker/report_barrier.py): which reports may leave before it passes, and the
+all-reduce itself on real gloo ranks (one process each): issued without waiting, read when the
+next report waits for it or by a callback as it completes, failing when a peer is gone."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from elastic_train.worker.report_barrier import Agreed, all_wait, goes_on, issue
+
+TIMEOUT_S = 20.0
+PLAIN = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("previous, plain, unwind_due, backend, expected", [
+    (PLAIN, True, False, "gloo", True),  # metrics (or a kept state) after the same: on at once
+    (None, True, False, "gloo", False),  # a generation's first report: no rank knows a previous one
+    (PLAIN, False, False, "gloo", False),  # a checkpoint: decided now
+    (PLAIN, True, True, "gloo", False),  # asked to unwind: waits, and tells the others at the next report
+    (PLAIN, True, False, "nccl", False),  # NCCL: the result is read after the step's kernels
+    (Agreed(True, False, False, False), True, False, "gloo", False),  # a peer's checkpoint before
+    (Agreed(False, True, False, False), True, False, "gloo", False),  # a peer's unwind before
+    (Agreed(False, False, False, True, True), True, False, "gloo", False),  # a peer's live part due
+    (Agreed(False, False, True, False, True), True, False, "gloo", False),  # every rank's part
+])
+def test_which_reports_go_on_before_their_barrier(previous, plain, unwind_due, backend, expected):
+    assert goes_on(plain, unwind_due, previous, backend) is expected
+
+
+@pytest.mark.timeout(10)
+def test_every_rank_waits_at_once_only_after_a_notable_report():
+    assert all_wait(None)
+    assert not all_wait(PLAIN)
+    assert all_wait(Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False))
+    assert all_wait(Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False, some_part=True))
+
+
+def _rank_main(rank: int, port: int, case: str, conn: Any, peer: Any) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=TIMEOUT_S))
+        if rank == 0:  # goes on: issues, never waits for the all-reduce, learns it from the callback
+            agreement = issue(False, False, False, False)
+            passed: list[Agreed] = []
+            done = threading.Event()
+            agreement.on_passed(lambda agreed: (passed.append(agreed), done.set()))
+            peer.send("issued")  # rank 1 issues only now: an issue that waited would never get here
+            if case == "passed":
+                done.wait(TIMEOUT_S)
+                conn.send({"passed": passed, "result": agreement.result()})
+            else:
+                try:
+                    agreement.result()
+                    conn.send({"error": "the all-reduce passed without its peer"})
+                except Exception as exc:  # noqa: BLE001 - what the test expects
+                    conn.send({"raised": type(exc).__name__, "passed": passed})
+        else:
+            assert peer.recv() == "issued"
+            if case == "peer_gone":
+                conn.send({})
+                os._exit(0)  # its connections close with it, its share never sent
+            conn.send({"result": issue(True, False, False, False).result()})  # a checkpoint: waits at once
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the test
+        conn.send({"error": traceback.format_exc()})
+
+
+def _run(case: str) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+    to_peer = ctx.Pipe(duplex=False)
+    procs = [ctx.Process(target=_rank_main, args=(r, port, case, pipes[r][1], to_peer[1] if r == 0 else to_peer[0]),
+                         daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = []
+        for receive, _ in pipes:
+            assert receive.poll(TIMEOUT_S * 2), "a rank did not answer"
+            results.append(receive.recv())
+        return results
+    finally:
+        for p in procs:
+            p.join(TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+
+
+@pytest.mark.timeout(90)
+def test_a_report_that_goes_on_learns_a_peers_checkpoint_as_its_barrier_passes():
+    """Rank 0 reports plainly and goes on; rank 1, which issues only after that, reports a checkpoint
+    and waits. Both read the same agreement, rank 0 from the callback that sends its report to the
+    supervisor (urgently: rank 1's round trip waits for it)."""
+    going_on, waiting = _run("passed")
+    assert "error" not in going_on and "error" not in waiting, (going_on, waiting)
+    expected = Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False, some_part=False)
+    assert going_on["passed"] == [expected] and going_on["result"] == expected
+    assert waiting["result"] == expected and expected.round_trip and expected.notable
+
+
+@pytest.mark.timeout(90)
+def test_a_report_that_went_on_fails_at_the_next_wait_when_its_peer_is_gone():
+    """The peer died before making the report: the barrier fails where it is awaited, and the
+    callback (which would send the report as made by every rank) never runs."""
+    going_on, _ = _run("peer_gone")
+    assert "error" not in going_on, going_on
+    assert going_on["raised"] and going_on["passed"] == [], going_on
