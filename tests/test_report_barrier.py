@@ -22,27 +22,29 @@ PLAIN = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=Fals
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("previous, plain, unwind_due, backend, expected", [
-    (PLAIN, True, False, "gloo", True),  # metrics (or a kept state) after the same: on at once
-    (None, True, False, "gloo", False),  # a generation's first report: no rank knows a previous one
-    (PLAIN, False, False, "gloo", False),  # a checkpoint: decided now
-    (PLAIN, True, True, "gloo", False),  # asked to unwind: waits, and tells the others at the next report
-    (PLAIN, True, False, "nccl", False),  # NCCL: the result is read after the step's kernels
-    (Agreed(True, False, False, False), True, False, "gloo", False),  # a peer's checkpoint before
-    (Agreed(False, True, False, False), True, False, "gloo", False),  # a peer's unwind before
-    (Agreed(False, False, False, True, True), True, False, "gloo", False),  # a peer's live part due
-    (Agreed(False, False, True, False, True), True, False, "gloo", False),  # every rank's part
+@pytest.mark.parametrize("previous, plain, unwind_due, pipelined, expected", [
+    (PLAIN, True, False, True, True),  # metrics (or a kept state) after the same: on at once
+    (None, True, False, True, False),  # a generation's first report: no rank knows a previous one
+    (PLAIN, False, False, True, False),  # a checkpoint: decided now
+    (PLAIN, True, True, True, False),  # asked to unwind: waits, and tells the others at the next report
+    (PLAIN, True, False, False, False),  # NCCL, or a group of one: every report waits
+    (Agreed(True, False, False, False), True, False, True, False),  # a peer's checkpoint before
+    (Agreed(False, True, False, False), True, False, True, False),  # a peer's unwind before
+    (Agreed(False, False, False, True, True), True, False, True, False),  # a peer's live part due
+    (Agreed(False, False, True, False, True), True, False, True, False),  # every rank's part
 ])
-def test_which_reports_go_on_before_their_barrier(previous, plain, unwind_due, backend, expected):
-    assert goes_on(plain, unwind_due, previous, backend) is expected
+def test_which_reports_go_on_before_their_barrier(previous, plain, unwind_due, pipelined, expected):
+    assert goes_on(plain, unwind_due, previous, pipelined) is expected
 
 
 @pytest.mark.timeout(10)
-def test_every_rank_waits_at_once_only_after_a_notable_report():
-    assert all_wait(None)
-    assert not all_wait(PLAIN)
-    assert all_wait(Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False))
-    assert all_wait(Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False, some_part=True))
+def test_every_rank_waits_at_once_after_a_notable_report_or_where_none_goes_on():
+    assert all_wait(None, True)
+    assert not all_wait(PLAIN, True)
+    assert all_wait(PLAIN, False)  # NCCL, or alone: no rank ever went on
+    assert all_wait(PLAIN, True, unwind_alike=True)  # every rank's loop saw the same notice: none goes on
+    assert all_wait(Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False), True)
+    assert all_wait(Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False, some_part=True), True)
 
 
 def _rank_main(rank: int, port: int, case: str, conn: Any, peer: Any) -> None:

@@ -204,13 +204,44 @@ def rank_0_saves_loop(config):
         time.sleep(config.get("last_step_time", config["step_time"]) if step == config["steps"] else config["step_time"])
         progress(config, step, params=flat(model))
         metrics = {"loss": loss.item(), "step": step}
-        if train.get_context().get_world_rank() == 0:
+        every = config.get("checkpoint_every", 1)
+        if train.get_context().get_world_rank() == 0 and (step % every == 0 or step == config["steps"]):
             with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
                 torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                            os.path.join(temp_checkpoint_dir, "checkpoint.pt"))
                 train.report(metrics, checkpoint=Checkpoint.from_directory(temp_checkpoint_dir))
         else:
             train.report(metrics)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scaling", [2, (1, 2)], ids=["fixed", "elastic"])
+def test_rank_0_checkpoints_every_third_step_and_rank_1_is_killed_between(local_ray, run_dirs, scaling):
+    """Ray Train's usual pattern with sparse checkpoints: rank 0 saves a folder every 3rd step, the
+    other reports carry metrics (those report() calls leave before their barrier passes, the ones
+    with a checkpoint wait: report_barrier.py). Rank 1 is SIGKILLed as step 8 starts: the run goes on
+    from step 6's checkpoint in memory, redoes step 7 alone, and every checkpoint is committed."""
+    steps, every = 24, 3
+    trainer = TorchTrainer(
+        rank_0_saves_loop,
+        train_loop_config={"steps": steps, "step_time": 0.05, "fault_step": 8, "checkpoint_every": every,
+                           "log_dir": run_dirs["log_dir"]},
+        scaling_config=ScalingConfig(num_workers=scaling),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"]),
+    )
+    result = fit_in_background(trainer)(200)
+    timeline = assert_finished(result)
+    assert result.metrics["step"] == steps
+    lines = step_lines(read_progress(run_dirs["log_dir"]), result)
+    assert {p["step"] for p in lines} == set(range(1, steps + 1)), timeline
+    assert_params_follow_reference(lines, steps, timeline)
+    assert steps_redone(lines) <= 1, timeline
+    assert read_marker(run_dirs["log_dir"]) and [e for e in result.events if e["kind"] == "worker_lost"], timeline
+    stored = []
+    for checkpoint, _ in result.best_checkpoints:
+        with checkpoint.as_directory() as d:
+            stored.append(torch.load(os.path.join(d, "checkpoint.pt"))["step"])
+    assert stored == list(range(every, steps + 1, every)), f"checkpoints {stored}\n{timeline}"
 
 
 @pytest.mark.timeout(240)

@@ -64,18 +64,27 @@ class Agreed:
         return self.checkpoint or self.unwind or self.some_part or self.store_live
 
 
-def goes_on(plain: bool, unwind_due: bool, previous: Agreed | None, backend: str | None) -> bool:
+def goes_on(plain: bool, unwind_due: bool, previous: Agreed | None, pipelined: bool) -> bool:
     """May this rank leave its report before the others made it, its agreement awaited at the next
     report? Only a plain report (no checkpoint) with no unwind due, after a plain one (or one that
-    carried a state kept live), on gloo. The first report of a generation waits: no rank knows a
-    previous one. NCCL waits: its result is read on the host after the step's kernels, and the
-    kept state's commit (worker/session.py) already agrees once a step."""
-    return plain and not unwind_due and previous is not None and not previous.notable and backend == "gloo"
+    carried a state kept live), in a `pipelined` group (`pipelines`). The first report of a
+    generation waits: no rank knows a previous one."""
+    return pipelined and plain and not unwind_due and previous is not None and not previous.notable
 
 
-def all_wait(previous: Agreed | None) -> bool:
-    """Does every rank wait for this report's agreement at once, so that all may act on it now?"""
-    return previous is None or previous.notable
+def all_wait(previous: Agreed | None, pipelined: bool, unwind_alike: bool = False) -> bool:
+    """Does every rank wait for this report's agreement at once, so that all may act on it now?
+    `unwind_alike`: every rank's loop asked to unwind at this report (`get_preemption_info()` answers
+    every rank alike), so none goes on."""
+    return not pipelined or previous is None or previous.notable or unwind_alike
+
+
+def pipelines() -> bool:
+    """Do plain reports go on before their barrier passes in this generation's group? On gloo with
+    peers. Not alone (there is no barrier to wait for), and not on NCCL: its result is read on the
+    host after the step's kernels, and the kept state's commit (worker/session.py) already agrees
+    once a step."""
+    return dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() == "gloo"
 
 
 class Agreement:

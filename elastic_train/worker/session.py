@@ -36,7 +36,8 @@ from elastic_train.worker.context import TrainContext
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import Agreed, Agreement, agree, all_wait, collectives_done, goes_on, issue
+from elastic_train.worker.report_barrier import (Agreed, Agreement, agree, all_wait, collectives_done, goes_on, issue,
+                                                 pipelines)
 from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,7 @@ class TrainSession:
         self._collectives_seen = collectives_done()  # the group's collectives up to the last barrier passed
         self._agreed: Agreed | None = None  # the last report's agreement, which every rank knows by now
         self._pending: _Pending | None = None  # a plain report that went on, its agreement in flight
+        self._leaving_at: int | None = None  # the report after which every rank leaves, told alike (preemption_info)
         resume = context.assignment.resume
         self.index = resume.index if resume else 0
         self._resume_states = list(resume.loader_states) if resume else []
@@ -293,13 +295,13 @@ class TrainSession:
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
         stepped = self._stepped()
-        previous = self._confirm(held, live, report, stepped)
-        if goes_on(checkpoint is None, self._unwind_due(self.index), previous,
-                   dist.get_backend() if dist.is_initialized() else None):
+        previous, pipelined = self._confirm(held, live, report, stepped), pipelines()
+        if goes_on(checkpoint is None, self._unwind_due(self.index), previous, pipelined):
             self._go_on(held, live, report, stepped)
             return
         agreed = self._agree(decide, held is not None and not kept, held, live, report, bool(store), stepped)
-        if not all_wait(previous):  # peers may have gone on: they unwind with this rank after the next report
+        if not (together := all_wait(previous, pipelined, self._leaving_at == self.index)):
+            # Peers may have gone on: they unwind with this rank after the next report, where all wait.
             agreed = dataclasses.replace(agreed, unwind=False)
         if kept and agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not the kept state
             held = live = report.names = None
@@ -327,7 +329,7 @@ class TrainSession:
         self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
         reply = self._supervisor.report.remote(self.worker_id, report)
         unwind = self._settle(self.index, reply, held, files, live, replicate)  # made: the next generation resumes from it
-        unwind = unwind and all_wait(previous)
+        unwind = unwind and together
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
         if unwind or agreed.unwind:
@@ -423,7 +425,8 @@ class TrainSession:
         self._preemption_calls += 1
         info = self._agree_with_supervisor(self._supervisor.preemption_info, self._preemption_calls)
         if info is not None:  # the loop saw the notice: the group re-forms after its next report
-            self._unwind_at(self.index + 1)
+            self._leaving_at = self.index + 1
+            self._unwind_at(self._leaving_at)
         return info
 
     def collective(self, data: Any = None) -> Any:
