@@ -1,10 +1,14 @@
-"""What the fault tests share: building a trainer over a test loop, and watching a run from outside."""
+"""What the fault tests share: building a trainer over a test loop, watching a run from outside, and
+running gloo ranks as plain processes."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any, Callable
+
+import torch.multiprocessing as mp
 
 import elastic_train as et
 from elastic_train.trainer import attach
@@ -76,3 +80,27 @@ def supervisor_alive(run_name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def run_gloo_ranks(target: Callable[..., None], world: int, args_of: Callable[[int], tuple],
+                   timeout_s: float) -> list[Any]:
+    """Run `target(rank, port, *args_of(rank), conn)` in a spawned process per rank, the ranks forming
+    a group over 127.0.0.1:`port`; returns what each rank sent on `conn`, by rank."""
+    ctx = mp.get_context("spawn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
+    procs = [ctx.Process(target=target, args=(r, port, *args_of(r), pipes[r][1]), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        results = []
+        for receiver, _ in pipes:
+            assert receiver.poll(timeout_s), "a rank reported nothing in time"
+            results.append(receiver.recv())
+        return results
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(timeout_s)

@@ -5,7 +5,6 @@ next report waits for it or by a callback as it completes, failing when a peer i
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import traceback
 from datetime import timedelta
@@ -16,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elastic_train.worker.report_barrier import Agreed, all_wait, goes_on, issue
+from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 20.0
 PLAIN = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False)
@@ -47,7 +47,7 @@ def test_every_rank_waits_at_once_after_a_notable_report_or_where_none_goes_on()
     assert all_wait(Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False, some_part=True), True)
 
 
-def _rank_main(rank: int, port: int, case: str, conn: Any, peer: Any) -> None:
+def _rank_main(rank: int, port: int, case: str, peer: Any, conn: Any) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=TIMEOUT_S))
@@ -78,27 +78,8 @@ def _rank_main(rank: int, port: int, case: str, conn: Any, peer: Any) -> None:
 
 
 def _run(case: str) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
-    to_peer = ctx.Pipe(duplex=False)
-    procs = [ctx.Process(target=_rank_main, args=(r, port, case, pipes[r][1], to_peer[1] if r == 0 else to_peer[0]),
-                         daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = []
-        for receive, _ in pipes:
-            assert receive.poll(TIMEOUT_S * 2), "a rank did not answer"
-            results.append(receive.recv())
-        return results
-    finally:
-        for p in procs:
-            p.join(TIMEOUT_S)
-            if p.is_alive():
-                p.kill()
+    receive, send = mp.get_context("spawn").Pipe(duplex=False)  # rank 0 tells rank 1 it issued
+    return run_gloo_ranks(_rank_main, 2, lambda rank: (case, send if rank == 0 else receive), TIMEOUT_S * 2)
 
 
 @pytest.mark.timeout(90)

@@ -4,7 +4,6 @@ receive is the holders' state, nest, dtypes, shapes and all."""
 from __future__ import annotations
 
 import io
-import socket
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -12,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from elastic_train.worker.state_transfer import share
+from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 30.0
 
@@ -36,7 +35,7 @@ def _state() -> dict[str, Any]:
     }
 
 
-def _rank_main(rank: int, world: int, port: int, holders: list[int], conn: Any) -> None:
+def _rank_main(rank: int, port: int, world: int, holders: list[int], conn: Any) -> None:
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=TIMEOUT_S))
@@ -52,26 +51,8 @@ def _rank_main(rank: int, world: int, port: int, holders: list[int], conn: Any) 
 
 
 def _run(world: int, holders: list[int]) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, holders, pipes[r][1]), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = []
-        for receiver, _ in pipes:
-            assert receiver.poll(TIMEOUT_S * 2), "a rank reported nothing in time"
-            message = receiver.recv()
-            results.append(torch.load(io.BytesIO(message), weights_only=False) if isinstance(message, bytes)
-                           else message)
-    finally:
-        for p in procs:
-            p.kill()
-            p.join(TIMEOUT_S)
+    results = [torch.load(io.BytesIO(message), weights_only=False) if isinstance(message, bytes) else message
+               for message in run_gloo_ranks(_rank_main, world, lambda rank: (world, holders), TIMEOUT_S * 2)]
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, "\n".join(errors)
     return results
