@@ -125,15 +125,12 @@ class Agreement:
 
 def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreement:
     """Start the all-reduce of this rank's flags."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        device, group = torch.device("cpu"), False
-    else:
-        # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
-        group = True
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    alone = not dist.is_initialized() or dist.get_world_size() == 1
+    # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
+    nccl = not alone and dist.get_backend() == "nccl"
     flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part)], dtype=torch.int32,
-                         device=device)
-    return Agreement(flags, dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True) if group else None)
+                         device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
+    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True))
 
 
 def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
