@@ -94,3 +94,16 @@ def test_a_batch_the_supervisor_cannot_take_is_dropped_and_later_reports_still_g
     sender.submit(_report(2))
     assert sender.flush(5) and received == [2]
     sender.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_urgent_report_is_sent_at_once_with_those_before_it():
+    """A report a peer's round trip waits for (report_barrier.py: sent as its barrier passes) does not
+    wait out the batching interval, and the reports queued before it travel with it, in order."""
+    received: list[list[int]] = []
+    sender = ReportSender(lambda batch: received.append([r.index for r in batch]), interval_s=60)
+    sender.submit(_report(1))
+    sender.submit(_report(2), urgent=True)
+    wait_for(lambda: received, 5, "the urgent report, well before the 60 s interval")
+    assert received == [[1, 2]]
+    sender.close()
