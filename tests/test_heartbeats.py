@@ -141,3 +141,31 @@ def test_a_sender_heartbeats_through_ray_while_its_datagrams_go_unanswered(local
         listener.close()
         ray.kill(supervisor)
 
+
+
+def _allocate_and_measure() -> tuple[float, float, float]:
+    """In a forked child: its RSS as read here before and after touching 256 MiB, and psutil's after."""
+    import psutil
+
+    from elastic_train.worker.memory import resident_bytes
+
+    before = resident_bytes()
+    block = bytearray(256 * 2**20)  # zero pages: resident only once written
+    block[::4096] = b"x" * len(block[::4096])
+    return before, resident_bytes(), float(psutil.Process().memory_info().rss)
+
+
+@pytest.mark.timeout(30)
+def test_resident_memory_follows_allocations_and_a_forked_child_reads_its_own():
+    import multiprocessing
+
+    import psutil
+
+    from elastic_train.worker.memory import resident_bytes
+
+    assert abs(resident_bytes() - psutil.Process().memory_info().rss) < 16 * 2**20
+    parent = resident_bytes()  # the file is open now: a forked child inherits it, and must not read through it
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        before, after, by_psutil = pool.apply(_allocate_and_measure)
+    assert after - before > 200 * 2**20 and abs(after - by_psutil) < 16 * 2**20
+    assert resident_bytes() < parent + 64 * 2**20  # the parent's own, without the child's block

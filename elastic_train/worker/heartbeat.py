@@ -25,6 +25,7 @@ import psutil
 import ray
 
 from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel, HeartbeatReply
+from elastic_train.worker.memory import resident_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -158,5 +159,5 @@ class HeartbeatSender:
         """What a heartbeat tells besides: the process's memory and CPU, and where its loop is. Reports
         without a checkpoint reach the supervisor late (report_sender.py), and a rank waits in report()'s
         barrier before sending its own: the report it entered tells the progress watchdog who is behind."""
-        return {"rss_bytes": float(self._process.memory_info().rss), "cpu_percent": self._process.cpu_percent(),
+        return {"rss_bytes": resident_bytes(), "cpu_percent": self._process.cpu_percent(),
                 "report_index": float(self._report_index(generation))}

@@ -36,10 +36,12 @@ class ReportSender:
     def submit(self, report: Report, urgent: bool = False) -> None:
         """Queue `report`; `urgent`: send it now (a peer's round trip to the supervisor waits for it)."""
         with self._cond:
+            wake = urgent or not self._pending  # otherwise the thread is batching, woken by its interval
             self._pending.append(report)
             self._submitted += 1
             self._urgent = self._urgent or urgent
-            self._cond.notify_all()
+            if wake:  # a thread switch per report would cost the loop more than the report itself
+                self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every report submitted so far has been sent; False after `timeout_s`."""

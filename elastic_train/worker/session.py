@@ -20,7 +20,6 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, NoReturn, Protocol
 
-import psutil
 import ray
 import torch
 import torch.distributed as dist
@@ -35,6 +34,7 @@ from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report,
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
+from elastic_train.worker.memory import resident_bytes
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.report_barrier import (Agreed, Agreement, agree, all_wait, collectives_done, goes_on, issue,
                                                  pipelines)
@@ -42,7 +42,6 @@ from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
 
-_PROCESS = psutil.Process()  # this worker's: its RSS goes with each report (supervisor/pace.py)
 UPLOAD_WAIT_NOTED_S = 0.01  # a report that waited longer than this for room in the upload queue is an event
 
 
@@ -242,7 +241,7 @@ class TrainSession:
         ends); its metrics go to the supervisor in the background once every rank made it. It costs
         ~0.2 ms; a rank runs at most one step ahead of the others (none in a loop whose step makes a
         collective, as DDP's does)."""
-        pace = Pace(self._enter_barrier(), float(_PROCESS.memory_info().rss), self._stall_s)
+        pace = Pace(self._enter_barrier(), resident_bytes(), self._stall_s)
         self._step_s = 0.0
         entered = time.monotonic()
         try:
