@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import ray
 import torch
@@ -234,3 +235,37 @@ def dcp_loop(config: dict) -> None:
         with tempfile.TemporaryDirectory() as d:
             save_state(d, ddp, optimizer, extra={"step": step})
             et.report({"step": step, "loss": loss.item()}, checkpoint=et.Checkpoint.from_directory(d))
+
+
+def batch_norm_loop(config: dict) -> dict:
+    """A model with BatchNorm under DDP's defaults (its buffers broadcast at every forward), its state
+    kept live, no checkpoint: the pattern of a ResNet trained with `prepare_model(live_state=True)`.
+    Every rank trains on the same batch (seeded by step), so the math does not depend on the world
+    size; returns the final model and optimizer state. Faults on request (`fault_once`)."""
+    ctx = et.get_context()
+    torch.manual_seed(0)
+    model = prepare_model(batch_norm_model(), live_state=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(ctx.get_resume_index() + 1, config["steps"] + 1):
+        fault_once(config, step, ctx.get_world_rank())
+        batch_norm_step(model, optimizer, step, lambda: fault_once(config, step, ctx.get_world_rank(), "after_forward"))
+        time.sleep(config.get("step_time", 0.0))
+        log_progress(config["log_dir"], rank=ctx.get_world_rank(), generation=ctx.get_generation(), step=step)
+        et.report({"step": step})
+    inner = model.module if hasattr(model, "module") else model
+    return {"model": inner.state_dict(), "optimizer": optimizer.state_dict()["state"]}
+
+
+def batch_norm_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def batch_norm_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                    after_forward: Callable[[], None] = lambda: None) -> None:
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step))
+    optimizer.zero_grad()
+    loss = model(x).pow(2).mean()
+    after_forward()
+    loss.backward()
+    optimizer.step()

@@ -88,6 +88,31 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
 
 
 @pytest.mark.timeout(30)
+def test_a_kept_state_holds_copies_of_the_buffers_that_a_forward_writes():
+    """BatchNorm's forward writes its running statistics (with no version bump) and its batch counter
+    before the step's collectives: a report's state holds copies of them, so a forward after it leaves
+    the held state clean and as reported. Restored into the model object the loop kept, the buffers go
+    back to the report's, and its parameters (the held tensors themselves) are not written."""
+    from tests.loops import batch_norm_model, batch_norm_step
+
+    model = batch_norm_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    kept = KeptState(model, None)
+    batch_norm_step(model, optimizer, 1)
+    reported = {k: v.clone() for k, v in model.state_dict().items()}
+    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    model(torch.randn(16, 4))  # the next step's forward; its all-reduce fails
+    assert part.clean() and not torch.equal(model[1].running_mean, reported["1.running_mean"])
+    for name, tensor in reported.items():
+        assert torch.equal(part.data["model"][name], tensor), name
+    kept.close()
+    KeptState(model, part.data).close()
+    assert part.clean()
+    for name, tensor in reported.items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+@pytest.mark.timeout(30)
 def test_a_kept_state_serves_a_resume_but_is_never_stored():
     ledger = CheckpointLedger(keep=2)
     for rank, worker in ((0, 10), (1, 11)):
@@ -168,3 +193,38 @@ def test_a_kept_loop_that_resumes_from_a_checkpoint_it_never_loads_fails_with_th
         run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"))
     with pytest.raises(et.TrainingFailedError, match=r"resumed from checkpoint 5.*did not load it"):
         trainer.fit()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("point", ["step_start", "after_forward"])
+def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_step(local_ray, run_dirs, point):
+    """A user's model with BatchNorm under DDP's defaults: its forward writes the running statistics
+    (DDP broadcasts rank 0's first) before the step's gradient all-reduce. Rank 1 is SIGKILLed at step
+    7: as it begins (the survivor's buffer broadcast fails before its forward), or after its forward (the
+    survivor's forward of step 7 has run when its all-reduce fails). The run goes on from
+    report 6 in memory, no step redone, and ends with a fault-free run's parameters, running statistics
+    and momentum: the statistics held for report 6 are report 6's, not those step 7's forward wrote."""
+    from tests.loops import batch_norm_loop, batch_norm_model, batch_norm_step, read_progress
+
+    steps = 12
+    result = et.TorchTrainer(
+        batch_norm_loop,
+        train_loop_config={"steps": steps, "step_time": 0.08, "log_dir": run_dirs["log_dir"],
+                           "fault": {"kind": "kill", "rank": 1, "at_step": 7, "point": point}},
+        scaling_config=et.ScalingConfig(num_workers=(1, 2)),
+        run_config=et.RunConfig(name="run", storage_path=run_dirs["storage"]),
+    ).fit()
+    after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
+    assert (after[0]["resume_from"], after[0]["resume_index"]) == ("memory", 6), after
+    done = [p["step"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0]
+    assert sorted(done) == list(range(1, steps + 1)), done  # every step once: none redone, none skipped
+
+    model = batch_norm_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(1, steps + 1):
+        batch_norm_step(model, optimizer, step)
+    final = result.return_value
+    for name, tensor in model.state_dict().items():
+        assert torch.allclose(final["model"][name], tensor, atol=1e-6), name
+    for index, state in optimizer.state_dict()["state"].items():
+        assert torch.allclose(final["optimizer"][index]["momentum_buffer"], state["momentum_buffer"], atol=1e-6)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -12,8 +11,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import current_session, get_session
-
-logger = logging.getLogger(__name__)
 
 
 def get_device() -> torch.device:
@@ -76,13 +73,6 @@ def prepare_model(
     kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
-    syncs = kwargs.get("forward_sync_buffers", kwargs.get("broadcast_buffers")) in (None, True)
-    if live_state and syncs and any(True for _ in model.buffers()):
-        logger.warning(
-            "prepare_model(live_state=True): DDP broadcasts the model's buffers at every forward, which moves the "
-            "kept state on before the step's all-reduce; a peer lost then costs the run its kept state. Pass "
-            "parallel_strategy_kwargs={'forward_sync_buffers': False} (before torch 2.13: 'broadcast_buffers') "
-            "if the buffers stay alike on every rank.")
     return DistributedDataParallel(model, **kwargs)
 
 

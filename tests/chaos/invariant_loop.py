@@ -17,12 +17,10 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, RandomSampler
 
 import elastic_train as et
@@ -30,9 +28,6 @@ from elastic_train.torch import prepare_data_loader, prepare_model
 from tests.loops import fault_once, log_progress
 
 SAMPLES, FEATURES = 96, 4
-# DDP's switch for syncing buffers at each forward (renamed in torch 2.13)
-NO_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in
-                  inspect.signature(DistributedDataParallel).parameters else "broadcast_buffers")
 
 
 def dataset() -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,8 +53,7 @@ def invariant_loop(config: dict) -> dict | None:
         counts, step = state["counts"], state["step"]
     if live:
         model.register_buffer("counts", counts)
-    # DDP's buffer sync would write the counts at every forward: a state moved on before the step's all-reduce
-    ddp = prepare_model(model, live_state=live, parallel_strategy_kwargs={NO_BUFFER_SYNC: not live})
+    ddp = prepare_model(model, live_state=live)  # DDP's defaults: rank 0's buffers broadcast at every forward
     counts = model.counts if live else counts  # restored with the model
     x, y = dataset()
     ids = torch.arange(SAMPLES)
