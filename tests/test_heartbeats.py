@@ -5,15 +5,18 @@ datagrams go unanswered and back to datagrams once they are answered."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import socket
 import time
 
+import psutil
 import pytest
 import ray
 
 from elastic_train.protocol import TOKEN_BYTES, Beat, BeatReply, HeartbeatChannel, HeartbeatReply
 from elastic_train.supervisor.heartbeats import open_endpoint
 from elastic_train.worker.heartbeat import HeartbeatSender
+from elastic_train.worker.memory import resident_bytes
 from tests.helpers import wait_for
 
 TOKEN = bytes(range(TOKEN_BYTES))
@@ -142,13 +145,8 @@ def test_a_sender_heartbeats_through_ray_while_its_datagrams_go_unanswered(local
         ray.kill(supervisor)
 
 
-
 def _allocate_and_measure() -> tuple[float, float, float]:
     """In a forked child: its RSS as read here before and after touching 256 MiB, and psutil's after."""
-    import psutil
-
-    from elastic_train.worker.memory import resident_bytes
-
     before = resident_bytes()
     block = bytearray(256 * 2**20)  # zero pages: resident only once written
     block[::4096] = b"x" * len(block[::4096])
@@ -157,12 +155,6 @@ def _allocate_and_measure() -> tuple[float, float, float]:
 
 @pytest.mark.timeout(30)
 def test_resident_memory_follows_allocations_and_a_forked_child_reads_its_own():
-    import multiprocessing
-
-    import psutil
-
-    from elastic_train.worker.memory import resident_bytes
-
     assert abs(resident_bytes() - psutil.Process().memory_info().rss) < 16 * 2**20
     parent = resident_bytes()  # the file is open now: a forked child inherits it, and must not read through it
     with multiprocessing.get_context("fork").Pool(1) as pool:

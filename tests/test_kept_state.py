@@ -19,7 +19,7 @@ from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.session import CheckpointMemory
 from elastic_train.torch import prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
-from tests.loops import fault_once
+from tests.loops import batch_norm_loop, batch_norm_model, batch_norm_step, fault_once, read_progress
 
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -93,8 +93,6 @@ def test_a_kept_state_holds_copies_of_the_buffers_that_a_forward_writes():
     before the step's collectives: a report's state holds copies of them, so a forward after it leaves
     the held state clean and as reported. Restored into the model object the loop kept, the buffers go
     back to the report's, and its parameters (the held tensors themselves) are not written."""
-    from tests.loops import batch_norm_model, batch_norm_step
-
     model = batch_norm_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     kept = KeptState(model, None)
@@ -205,8 +203,6 @@ def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_
     survivor's forward of step 7 has run when its all-reduce fails). The run goes on from
     report 6 in memory, no step redone, and ends with a fault-free run's parameters, running statistics
     and momentum: the statistics held for report 6 are report 6's, not those step 7's forward wrote."""
-    from tests.loops import batch_norm_loop, batch_norm_model, batch_norm_step, read_progress
-
     steps = 12
     result = et.TorchTrainer(
         batch_norm_loop,
