@@ -15,11 +15,15 @@ from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.kept_state import KeptState
-from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.session import CheckpointMemory
 from elastic_train.torch import prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
 from tests.loops import batch_norm_loop, batch_norm_model, batch_norm_step, fault_once, read_progress
+
+
+# The step time of runs that need a replacement to join before they end: their ~53 steps after the
+# fault leave it ~6 s to start and join on a loaded machine (0.08 s steps once left it too little).
+JOIN_STEP_S = 0.12
 
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -43,7 +47,7 @@ def test_kept_state_restores_the_model_at_once_and_each_optimizer_at_its_first_s
     _step(model, optimizer)
     _step(model, optimizer)
     other_optimizer.step()  # another model's optimizer is not the state kept
-    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    part = kept.snapshot()
     assert part.names == [STATE_FILE] and part.state_only and part.clean()
     state = dict_from_bytes(part.files()[STATE_FILE])
     assert len(state["optimizers"]) == 1 and state["optimizers"][0]["state"]  # its momentum buffers
@@ -54,7 +58,7 @@ def test_kept_state_restores_the_model_at_once_and_each_optimizer_at_its_first_s
     restored = KeptState(fresh, state)
     assert torch.equal(fresh.weight, model.weight)  # loaded at once (prepare_model)
     fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
-    assert restored.snapshot()["optimizers"] == state["optimizers"]  # not stepped yet: the restored state counts
+    assert restored.snapshot().data["optimizers"] == state["optimizers"]  # not stepped yet: the restored state counts
     _step(fresh, fresh_optimizer)
     _step(model, optimizer)  # the same step with the state never lost
     assert torch.equal(fresh.weight, model.weight)  # the momentum was loaded before the step ran
@@ -71,7 +75,7 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     kept = KeptState(model, None)
     _step(model, optimizer)
-    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    part = kept.snapshot()
     kept.close()
     memory = CheckpointMemory(keep=2)
     memory.put(HeldCheckpoint(3, 0, 0, [STATE_FILE], []), part)
@@ -88,6 +92,36 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
 
 
 @pytest.mark.timeout(30)
+def test_a_kept_state_is_built_when_read_as_it_was_at_its_report():
+    """A report notes the state's tensors and builds no state dict; read later, it is the report's state:
+    the learning rate a scheduler set since is not in it. A tensor the report did not note (a parameter
+    replaced since) makes it no longer clean: never served, never resumed from."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    kept = KeptState(model, None)
+    _step(model, optimizer)
+    reported = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizers": [optimizer.state_dict()]}
+    part = kept.snapshot()
+    scheduler.step()  # lr 0.1 -> 0.05, no tensor written
+    assert optimizer.param_groups[0]["lr"] == 0.05 and part.clean()
+    state = dict_from_bytes(part.files()[STATE_FILE])
+    assert state["optimizers"][0]["param_groups"] == reported["optimizers"][0]["param_groups"]
+    assert torch.equal(state["optimizers"][0]["state"][0]["momentum_buffer"],
+                       reported["optimizers"][0]["state"][0]["momentum_buffer"])
+    for name, tensor in reported["model"].items():
+        assert torch.equal(state["model"][name], tensor), name
+
+    part = kept.snapshot()
+    model.weight = torch.nn.Parameter(model.weight.detach().clone())  # none of the noted tensors written
+    assert part.clean()
+    memory = CheckpointMemory(keep=2)
+    memory.put(HeldCheckpoint(2, 0, 0, [STATE_FILE], []), part)
+    assert memory.live_state(0, 2) is None and not part.clean() and part.files() is None
+    kept.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_kept_state_holds_copies_of_the_buffers_that_a_forward_writes():
     """BatchNorm's forward writes its running statistics (with no version bump) and its batch counter
     before the step's collectives: a report's state holds copies of them, so a forward after it leaves
@@ -98,7 +132,7 @@ def test_a_kept_state_holds_copies_of_the_buffers_that_a_forward_writes():
     kept = KeptState(model, None)
     batch_norm_step(model, optimizer, 1)
     reported = {k: v.clone() for k, v in model.state_dict().items()}
-    part = LivePart(et.Checkpoint.from_dict(kept.snapshot()), file=STATE_FILE)
+    part = kept.snapshot()
     model(torch.randn(16, 4))  # the next step's forward; its all-reduce fails
     assert part.clean() and not torch.equal(model[1].running_mean, reported["1.running_mean"])
     for name, tensor in reported.items():
@@ -136,8 +170,7 @@ def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_d
     there with no step redone; Ray replaces the worker, which gets the state from the survivor. It ends
     with a fault-free run's parameters and optimizer, every sample once per epoch, and nothing stored."""
     fault = {"kind": "kill", "rank": 1, "at_step": 7, "point": point}
-    # 0.12 s steps: the 53 steps after the fault leave a replacement ~6 s to start and join, on a loaded machine
-    result = chaos_trainer(run_dirs, (1, 2), step_time=0.12, live_state=True, fault=fault).fit()
+    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=True, fault=fault).fit()
     check_invariants(result, run_dirs, faults=1, redone_per_fault=0, live_state=True)
     after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
     assert (after[0]["resume_from"], after[0]["resume_index"], after[0]["world_size"]) == ("memory", resumed_at, 1)
@@ -157,7 +190,7 @@ def test_the_survivor_lost_as_its_replacement_joins(local_ray, run_dirs, live_st
     goes on from the newest stored checkpoint."""
     faults = [{"kind": "kill", "rank": 1, "at_step": 7}, {"kind": "kill", "rank": 0, "at_generation": 2,
                                                            "point": point}]
-    result = chaos_trainer(run_dirs, (1, 2), step_time=0.08, live_state=live_state, fault=faults).fit()
+    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=live_state, fault=faults).fit()
     check_invariants(result, run_dirs, faults=2, redone_per_fault=0 if live_state else 1, live_state=live_state)
     generations = [e for e in result.events if e["kind"] == "generation"]
     assert [e["world_size"] for e in generations[:4]] == [2, 1, 2, 1], generations

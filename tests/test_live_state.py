@@ -34,8 +34,8 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def _live(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> LivePart:
-    return LivePart(et.Checkpoint.from_dict({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                             "step": step}))
+    return LivePart.of(et.Checkpoint.from_dict({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                                "step": step}))
 
 
 @pytest.mark.timeout(30)
@@ -52,8 +52,8 @@ def test_a_live_part_is_clean_until_the_optimizer_writes_its_tensors():
     assert not part.clean() and part.files() is None  # never the newer state under report 1's name
     with_metadata = et.Checkpoint.from_dict({"step": 1})
     with_metadata.set_metadata({"epoch": 0})
-    assert LivePart(with_metadata).names == sorted([DICT_FILE, METADATA_FILE])
-    assert set(LivePart(with_metadata).files()) == {DICT_FILE, METADATA_FILE}
+    assert LivePart.of(with_metadata).names == sorted([DICT_FILE, METADATA_FILE])
+    assert set(LivePart.of(with_metadata).files()) == {DICT_FILE, METADATA_FILE}
 
 
 @pytest.mark.timeout(30)

@@ -15,6 +15,10 @@ Buffers change in the forward, before those collectives: BatchNorm's running sta
 without a version bump), its batch counter, and DDP's broadcast of rank 0's buffers at every forward.
 So each report holds a copy of the buffers (a model's buffers are small: BatchNorm's, a few floats per
 channel), and a failure mid-step goes on from the last report with no step redone.
+
+A report builds no state dict: it notes the versions of the parameters and of the optimizers' state
+tensors and copies the buffers and the optimizers' hyperparameters (a scheduler writes those with no
+version); the state dicts are built when a recovery reads them (live_part.py), out of the same tensors.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from elastic_train.checkpoint.checkpoint import STATE_FILE
+from elastic_train.worker.live_part import LivePart, tensors_in
 
 
 class KeptState:
@@ -33,7 +40,12 @@ class KeptState:
         self._model = model
         self._before = before_step  # may raise: the step is then not taken (the session's commit)
         self._params = {id(p) for p in model.parameters()}
-        self._buffers = [name for name, _ in model.named_buffers()]  # their state dict keys, copied at each report
+        persistent = set(model.state_dict())
+        # (module, key) of each parameter and persistent buffer, looked up at each report: `model.to()`
+        # and the like put new tensors in them. Buffers under their state dict keys, copied at each report.
+        self._param_slots = [(module, key) for _, module in model.named_modules() for key in module._parameters]
+        self._buffer_slots = [(f"{name}.{key}" if name else key, module, key) for name, module in model.named_modules()
+                              for key in module._buffers if (f"{name}.{key}" if name else key) in persistent]
         self._optimizers: list[torch.optim.Optimizer] = []
         self._pending: list[dict[str, Any]] = []  # restored optimizer states, loaded at each one's first step
         if restored is not None:
@@ -53,15 +65,29 @@ class KeptState:
             self._optimizers.append(optimizer)
         self._before()
 
-    def snapshot(self) -> dict[str, Any]:
-        """The state now, by reference: a report's live part. An optimizer restored but not yet
-        stepped counts with its restored state."""
-        optimizers = [o.state_dict() for o in self._optimizers] + self._pending[len(self._optimizers):]
-        model = self._model.state_dict()
-        for name in self._buffers:
-            if name in model:  # not a non-persistent buffer
-                model[name] = model[name].clone()
-        return {"model": model, "optimizers": optimizers}
+    def snapshot(self) -> LivePart:
+        """The state now, by reference: a report's live part, its state dicts built when first read.
+        An optimizer restored but not yet stepped counts with its restored state."""
+        buffers = {name: module._buffers[key].clone() for name, module, key in self._buffer_slots
+                   if module._buffers[key] is not None}
+        optimizers = list(self._optimizers)
+        groups = [[{k: v for k, v in group.items() if k != "params"} for group in o.param_groups] for o in optimizers]
+        pending = self._pending[len(optimizers):]
+        tensors = [t for module, key in self._param_slots if (t := module._parameters[key]) is not None]
+        tensors += [t for o in optimizers for state in o.state.values() for t in state.values()
+                    if isinstance(t, torch.Tensor)]
+        tensors += list(buffers.values()) + (tensors_in(pending) if pending else [])
+
+        def build() -> dict[str, Any]:
+            model = self._model.state_dict()
+            model.update(buffers)
+            built = [o.state_dict() for o in optimizers]
+            for state, hyper in zip(built, groups):  # as they were at the report
+                if len(hyper) == len(state["param_groups"]):
+                    state["param_groups"] = [{**g, "params": h["params"]} for g, h in zip(hyper, state["param_groups"])]
+            return {"model": model, "optimizers": built + pending}
+
+        return LivePart(build, file=STATE_FILE, tensors=tensors)
 
     def close(self) -> None:
         """The generation is over: its loop's optimizers are no longer watched."""

@@ -12,19 +12,24 @@ tensors held. Every tensor's version counter (`Tensor._version`, bumped by each 
 noted when the part is made; the part is `clean()` only while none moved. A part that is no longer
 clean holds some newer state under an older report's index: it is never served, and the run resumes
 from an older checkpoint instead (see `CheckpointMemory.settle`).
+
+A state kept live (kept_state.py) is not even made into a dict at its report: the report notes its
+tensors' versions, and the dict is built when a recovery first reads it, from those very tensors
+(building `state_dict()`s at every report was a third of a report's cost).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import torch
 
 from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, STATE_FILE, Checkpoint, dict_to_bytes
 
 
-def _tensors(value: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def tensors_in(value: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Every tensor in a nest of dicts, lists and tuples (a list, not a generator: walked at every
     report, where a generator per level costs twice the time)."""
     found = [] if found is None else found
@@ -35,18 +40,39 @@ def _tensors(value: Any, found: list[torch.Tensor] | None = None) -> list[torch.
             if isinstance(item, torch.Tensor):
                 found.append(item)
             elif isinstance(item, (dict, list, tuple)):
-                _tensors(item, found)
+                tensors_in(item, found)
     return found
 
 
 class LivePart:
     """One rank's dict checkpoint, by reference, with the versions its tensors had when reported."""
 
-    def __init__(self, checkpoint: Checkpoint, file: str = DICT_FILE):
-        self.data = checkpoint.to_dict()
+    def __init__(self, data: dict[str, Any] | Callable[[], dict[str, Any]], file: str = DICT_FILE,
+                 metadata: dict[str, Any] | None = None, tensors: list[torch.Tensor] | None = None):
+        """`data`: the dict reported; or a function that builds it when first read, out of `tensors`
+        (and tensors that share their storage), whose versions are noted now."""
+        self._data, self._build = (data, None) if isinstance(data, dict) else (None, data)
         self._file = file  # DICT_FILE; STATE_FILE for the state a run keeps live with no checkpoint (kept_state.py)
-        self._metadata = checkpoint.get_metadata() or None
-        self._versions = [(t, t._version) for t in _tensors(self.data)]
+        self._metadata = metadata
+        self._versions = [(t, t._version) for t in (tensors_in(data) if tensors is None else tensors)]
+        self._foreign = False  # built with a tensor not noted at the report (or noted, but written since)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint) -> LivePart:
+        """A `Checkpoint.from_dict` the loop reported."""
+        return cls(checkpoint.to_dict(), metadata=checkpoint.get_metadata() or None)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The dict, built now if it was not at the report; check `clean()` after reading it."""
+        with self._lock:
+            if self._data is None:
+                data = self._build()
+                noted = {t.data_ptr(): version for t, version in self._versions}
+                self._foreign = any(noted.get(t.data_ptr(), -1) != t._version for t in tensors_in(data))
+                self._data = data
+            return self._data
 
     @property
     def names(self) -> list[str]:
@@ -60,7 +86,7 @@ class LivePart:
 
     def clean(self) -> bool:
         """Do the tensors still hold the state that was reported (none written in place since)?"""
-        return all(t._version == version for t, version in self._versions)
+        return not self._foreign and all(t._version == version for t, version in self._versions)
 
     def files(self) -> dict[str, bytes] | None:
         """The part's files, serialized now; None if a tensor was written to since the report (before

@@ -117,7 +117,10 @@ class CheckpointMemory:
         their report; None otherwise (the part is not held, or was written to)."""
         with self._lock:
             _, part = self._parts.get((generation, index), (None, None))
-        return part.data if isinstance(part, LivePart) and part.state_only and part.clean() else None
+        if not isinstance(part, LivePart) or not part.state_only or not part.clean():
+            return None
+        data = part.data
+        return data if part.clean() else None  # built now, out of tensors still as reported
 
     def keys(self) -> list[tuple[int, int]]:
         """(generation, index) of every part held."""
@@ -275,13 +278,13 @@ class TrainSession:
                         "run's own folder (get_context().get_trial_dir()), its record and its other checkpoints. "
                         "Save into a folder of its own, e.g. tempfile.TemporaryDirectory(), and report that.")
                 if checkpoint.in_memory and mode is CheckpointUploadMode.ASYNC:
-                    live = LivePart(checkpoint)
+                    live = LivePart.of(checkpoint)
                 else:
                     files = checkpoint.files()
                 if delete_local:
                     self._delete_local(checkpoint)
         elif self._kept is not None:  # no checkpoint: the state kept live serves a recovery, never stored
-            live = LivePart(Checkpoint.from_dict(self._kept.snapshot()), file=STATE_FILE)
+            live = self._kept.snapshot()
         kept = live is not None and live.state_only
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
@@ -504,7 +507,7 @@ class TrainSession:
             state = dict_from_bytes(self._gather(plan)[STATE_FILE])
         if own is None:
             held = HeldCheckpoint(plan.index, plan.generation, -1, [STATE_FILE], plan.loader_states)
-            self._keep(held, LivePart(Checkpoint.from_dict(state), file=STATE_FILE), False)
+            self._keep(held, LivePart(state, file=STATE_FILE), False)
             ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
