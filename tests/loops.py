@@ -19,7 +19,7 @@ import ray
 import torch
 
 import elastic_train as et
-from elastic_train.torch import get_device, prepare_model
+from elastic_train.torch import get_device, keep_state, prepare_model
 
 
 def log_progress(log_dir: str, **record) -> None:
@@ -238,22 +238,32 @@ def dcp_loop(config: dict) -> None:
 
 
 def batch_norm_loop(config: dict) -> dict:
-    """A model with BatchNorm under DDP's defaults (its buffers broadcast at every forward), its state
-    kept live, no checkpoint: the pattern of a ResNet trained with `prepare_model(live_state=True)`.
-    Every rank trains on the same batch (seeded by step), so the math does not depend on the world
-    size; returns the final model and optimizer state. Faults on request (`fault_once`)."""
+    """A model with BatchNorm under DDP's defaults (its buffers broadcast at every forward) and a step
+    LR schedule, its state kept live, no checkpoint: the pattern of a ResNet trained with
+    `prepare_model(live_state=True)`, the scheduler kept with it (`keep_state`). Every rank trains on
+    the same batch (seeded by step), so the math does not depend on the world size; returns the final
+    model and optimizer state and learning rate. Faults on request (`fault_once`)."""
     ctx = et.get_context()
     torch.manual_seed(0)
     model = prepare_model(batch_norm_model(), live_state=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer, scheduler = batch_norm_optimizer(model)
+    keep_state(scheduler)
     for step in range(ctx.get_resume_index() + 1, config["steps"] + 1):
         fault_once(config, step, ctx.get_world_rank())
         batch_norm_step(model, optimizer, step, lambda: fault_once(config, step, ctx.get_world_rank(), "after_forward"))
+        scheduler.step()
         time.sleep(config.get("step_time", 0.0))
         log_progress(config["log_dir"], rank=ctx.get_world_rank(), generation=ctx.get_generation(), step=step)
         et.report({"step": step})
     inner = model.module if hasattr(model, "module") else model
-    return {"model": inner.state_dict(), "optimizer": optimizer.state_dict()["state"]}
+    return {"model": inner.state_dict(), "optimizer": optimizer.state_dict()["state"], "lr": scheduler.get_last_lr()}
+
+
+def batch_norm_optimizer(model: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """SGD with momentum, its learning rate halved every 4 steps: a recovery between two halvings
+    that restarted the schedule would halve it at the wrong steps."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
 
 
 def batch_norm_model() -> torch.nn.Module:

@@ -16,9 +16,10 @@ from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.session import CheckpointMemory
-from elastic_train.torch import prepare_model
+from elastic_train.torch import keep_state, prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
-from tests.loops import batch_norm_loop, batch_norm_model, batch_norm_step, fault_once, read_progress
+from tests.loops import (batch_norm_loop, batch_norm_model, batch_norm_optimizer, batch_norm_step, fault_once,
+                         read_progress)
 
 
 # The step time of runs that need a replacement to join before they end: their ~53 steps after the
@@ -119,6 +120,38 @@ def test_a_kept_state_is_built_when_read_as_it_was_at_its_report():
     memory.put(HeldCheckpoint(2, 0, 0, [STATE_FILE], []), part)
     assert memory.live_state(0, 2) is None and not part.clean() and part.files() is None
     kept.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_scheduler_kept_with_the_state_goes_on_with_its_schedule_after_a_recovery():
+    """A StepLR handed to the kept state: a recovery loads its step count into the re-entered loop's new
+    scheduler, and the learning rate halves at the fault-free run's steps. Without it the new scheduler
+    counts from the resume: the rate halves late."""
+    def run(steps: int, kept: KeptState, model: torch.nn.Module, keep: bool = True):
+        optimizer, scheduler = batch_norm_optimizer(model)
+        if keep:
+            kept.keep(scheduler)
+        for step in steps:
+            batch_norm_step(model, optimizer, step)
+            scheduler.step()
+        return scheduler, optimizer
+
+    model = batch_norm_model()
+    kept = KeptState(model, None)
+    run(range(1, 7), kept, model)
+    state = dict_from_bytes(kept.snapshot().files()[STATE_FILE])  # report 6; a peer is lost in step 7
+    kept.close()
+    reference = batch_norm_model()
+    watched = KeptState(reference, None)
+    scheduler, _ = run(range(1, 13), watched, reference)
+    watched.close()
+    for keep in (True, False):
+        fresh = batch_norm_model()
+        restored = KeptState(fresh, state)
+        resumed, _ = run(range(7, 13), restored, fresh, keep)
+        restored.close()
+        assert (resumed.get_last_lr() == scheduler.get_last_lr()) is keep, (keep, resumed.get_last_lr())
+        assert torch.allclose(fresh[0].weight, reference[0].weight) is keep
 
 
 @pytest.mark.timeout(30)
@@ -227,15 +260,31 @@ def test_a_kept_loop_that_resumes_from_a_checkpoint_it_never_loads_fails_with_th
         trainer.fit()
 
 
+def _keeps_a_scheduler_without_a_kept_state(config: dict) -> None:
+    model = prepare_model(torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    keep_state(torch.optim.lr_scheduler.StepLR(optimizer, step_size=4))
+
+
+@pytest.mark.timeout(60)
+def test_keeping_a_scheduler_without_a_kept_state_fails_with_the_fix(local_ray, run_dirs):
+    trainer = et.TorchTrainer(_keeps_a_scheduler_without_a_kept_state, scaling_config=et.ScalingConfig(num_workers=1),
+                              run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"))
+    with pytest.raises(et.TrainingFailedError, match=r"keep_state\(StepLR\).*prepare_model\(model, live_state=True\)"):
+        trainer.fit()
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("point", ["step_start", "after_forward"])
 def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_step(local_ray, run_dirs, point):
     """A user's model with BatchNorm under DDP's defaults: its forward writes the running statistics
-    (DDP broadcasts rank 0's first) before the step's gradient all-reduce. Rank 1 is SIGKILLed at step
-    7: as it begins (the survivor's buffer broadcast fails before its forward), or after its forward (the
-    survivor's forward of step 7 has run when its all-reduce fails). The run goes on from
-    report 6 in memory, no step redone, and ends with a fault-free run's parameters, running statistics
-    and momentum: the statistics held for report 6 are report 6's, not those step 7's forward wrote."""
+    (DDP broadcasts rank 0's first) before the step's gradient all-reduce; its StepLR is kept with it
+    (`keep_state`). Rank 1 is SIGKILLed at step 7: as it begins (the survivor's buffer broadcast fails
+    before its forward), or after its forward (the survivor's forward of step 7 has run when its
+    all-reduce fails). The run goes on from report 6 in memory, no step redone, and ends with a
+    fault-free run's parameters, running statistics, momentum and learning rate: the statistics held
+    for report 6 are report 6's, not those step 7's forward wrote, and the schedule halves the rate
+    after step 8, not 4 steps after the resume."""
     steps = 12
     result = et.TorchTrainer(
         batch_norm_loop,
@@ -250,10 +299,12 @@ def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_
     assert sorted(done) == list(range(1, steps + 1)), done  # every step once: none redone, none skipped
 
     model = batch_norm_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer, scheduler = batch_norm_optimizer(model)
     for step in range(1, steps + 1):
         batch_norm_step(model, optimizer, step)
+        scheduler.step()
     final = result.return_value
+    assert final["lr"] == scheduler.get_last_lr()
     for name, tensor in model.state_dict().items():
         assert torch.allclose(final["model"][name], tensor, atol=1e-6), name
     for index, state in optimizer.state_dict()["state"].items():

@@ -8,13 +8,14 @@ from typing import Any
 from elastic_train.torch.config import TorchConfig
 from elastic_train.torch.data import prepare_data_loader
 from elastic_train.torch.loop_utils import accelerate, backward, enable_reproducibility, prepare_optimizer
-from elastic_train.torch.model import get_device, get_devices, prepare_model
+from elastic_train.torch.model import get_device, get_devices, keep_state, prepare_model
 from elastic_train.unsupported import ray_train_torch_getattr
 
 __all__ = [
     "TorchTrainer",
     "TorchConfig",
     "prepare_model",
+    "keep_state",
     "prepare_data_loader",
     "get_device",
     "get_devices",

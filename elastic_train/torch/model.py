@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 import torch
@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import current_session, get_session
+
+T = TypeVar("T")
 
 
 def get_device() -> torch.device:
@@ -74,6 +76,22 @@ def prepare_model(
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
     return DistributedDataParallel(model, **kwargs)
+
+
+def keep_state(obj: T) -> T:
+    """Ours: keep `obj`'s state with the state `prepare_model(model, live_state=True)` keeps, and
+    return `obj`. For what else a recovery from that state needs: an LR scheduler above all (a fresh
+    one in the re-entered loop would count its steps from 0), an AMP `GradScaler`, any object with
+    `state_dict()` and `load_state_dict()`. Each report copies its `state_dict()`; after a recovery it
+    is loaded into the object handed over in the same order, at once:
+
+        model = prepare_model(model, live_state=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = keep_state(torch.optim.lr_scheduler.StepLR(optimizer, step_size=100))
+
+    The optimizer itself needs no call: it is kept at its first step."""
+    get_session("torch.keep_state").keep_object(obj)
+    return obj
 
 
 def _max_world_size() -> int:

@@ -16,6 +16,11 @@ without a version bump), its batch counter, and DDP's broadcast of rank 0's buff
 So each report holds a copy of the buffers (a model's buffers are small: BatchNorm's, a few floats per
 channel), and a failure mid-step goes on from the last report with no step redone.
 
+The loop's other state that recovery needs, an LR scheduler above all (its step count decides the
+learning rate), is kept alongside when the loop hands it over (`elastic_train.torch.keep_state`): its
+`state_dict()` is copied at each report (it changes with no tensor version) and loaded back into
+the object the re-entered loop hands over in the same place.
+
 A report builds no state dict: it notes the versions of the parameters and of the optimizers' state
 tensors and copies the buffers and the optimizers' hyperparameters (a scheduler writes those with no
 version); the state dicts are built when a recovery reads them (live_part.py), out of the same tensors.
@@ -23,13 +28,20 @@ version); the state dicts are built when a recovery reads them (live_part.py), o
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import copy
+from typing import Any, Callable, Protocol
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from elastic_train.checkpoint.checkpoint import STATE_FILE
 from elastic_train.worker.live_part import LivePart, tensors_in
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
 class KeptState:
@@ -48,9 +60,12 @@ class KeptState:
                               for key in module._buffers if (f"{name}.{key}" if name else key) in persistent]
         self._optimizers: list[torch.optim.Optimizer] = []
         self._pending: list[dict[str, Any]] = []  # restored optimizer states, loaded at each one's first step
+        self._objects: list[Stateful] = []  # `keep()`: an LR scheduler, ...
+        self._restored_objects: list[dict[str, Any]] = []
         if restored is not None:
             _load(model, restored["model"])
             self._pending = list(restored["optimizers"])
+            self._restored_objects = list(restored["objects"])
         self._hook = register_optimizer_step_pre_hook(self._before_step)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -65,6 +80,13 @@ class KeptState:
             self._optimizers.append(optimizer)
         self._before()
 
+    def keep(self, obj: Stateful) -> None:
+        """Keep `obj`'s state too; loaded now from the state restored, if this generation has one (the
+        objects are matched by the order the loop hands them over)."""
+        if len(self._objects) < len(self._restored_objects):
+            obj.load_state_dict(copy.deepcopy(self._restored_objects[len(self._objects)]))
+        self._objects.append(obj)
+
     def snapshot(self) -> LivePart:
         """The state now, by reference: a report's live part, its state dicts built when first read.
         An optimizer restored but not yet stepped counts with its restored state."""
@@ -73,6 +95,7 @@ class KeptState:
         optimizers = list(self._optimizers)
         groups = [[{k: v for k, v in group.items() if k != "params"} for group in o.param_groups] for o in optimizers]
         pending = self._pending[len(optimizers):]
+        objects = [copy.deepcopy(o.state_dict()) for o in self._objects] + self._restored_objects[len(self._objects):]
         tensors = [t for module, key in self._param_slots if (t := module._parameters[key]) is not None]
         tensors += [t for o in optimizers for state in o.state.values() for t in state.values()
                     if isinstance(t, torch.Tensor)]
@@ -85,7 +108,7 @@ class KeptState:
             for state, hyper in zip(built, groups):  # as they were at the report
                 if len(hyper) == len(state["param_groups"]):
                     state["param_groups"] = [{**g, "params": h["params"]} for g, h in zip(hyper, state["param_groups"])]
-            return {"model": model, "optimizers": built + pending}
+            return {"model": model, "optimizers": built + pending, "objects": objects}
 
         return LivePart(build, file=STATE_FILE, tensors=tensors)
 

@@ -468,6 +468,15 @@ class TrainSession:
                 "(put several in one torch.nn.Module), or report the others in Checkpoint.from_dict.")
         self._kept = KeptState(model, self._restored_state(), self._commit_step)
 
+    def keep_object(self, obj: Any) -> None:
+        """`elastic_train.torch.keep_state(obj)`: keep `obj`'s state with the model's."""
+        if self._kept is None:
+            raise ValueError(
+                f"keep_state({type(obj).__name__}) keeps an object's state with the model's kept state: call "
+                "prepare_model(model, live_state=True) before it. In a loop that reports checkpoints, save its "
+                "state_dict() in the checkpoint instead.")
+        self._kept.keep(obj)
+
     def _commit_step(self) -> None:
         """Before the kept state's optimizer steps, under NCCL: there the step's gradient all-reduce runs
         on the GPU after the loop has moved on, and the optimizer's kernels would apply whatever a failed
@@ -511,7 +520,7 @@ class TrainSession:
             ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
-        return {"model": state["model"], "optimizers": copy.deepcopy(state["optimizers"])}
+        return {"model": state["model"], "optimizers": copy.deepcopy(state["optimizers"]), "objects": state["objects"]}
 
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""
