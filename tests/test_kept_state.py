@@ -154,6 +154,37 @@ def test_a_scheduler_kept_with_the_state_goes_on_with_its_schedule_after_a_recov
         assert torch.allclose(fresh[0].weight, reference[0].weight) is keep
 
 
+class _Seen:
+    """A loop's own counter, its state a tensor."""
+
+    def __init__(self) -> None:
+        self.samples = torch.zeros((), dtype=torch.int64)
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.samples = state["samples"].clone()
+
+
+@pytest.mark.timeout(30)
+def test_an_object_kept_with_a_tensor_in_its_state_serves_as_it_was_at_the_report():
+    model = _model()
+    kept = KeptState(model, None)
+    seen = _Seen()
+    kept.keep(seen)
+    seen.samples += 32
+    part = kept.snapshot()
+    seen.samples += 32  # the loop goes on counting: the report's copy stays 32
+    state = dict_from_bytes(part.files()[STATE_FILE])
+    assert state["objects"][0]["samples"].item() == 32 and part.clean()
+    kept.close()
+    restored, fresh = KeptState(_model(), state), _Seen()
+    restored.keep(fresh)
+    assert fresh.samples.item() == 32
+    restored.close()
+
+
 @pytest.mark.timeout(30)
 def test_a_kept_state_holds_copies_of_the_buffers_that_a_forward_writes():
     """BatchNorm's forward writes its running statistics (with no version bump) and its batch counter

@@ -56,8 +56,9 @@ class KeptState:
         # (module, key) of each parameter and persistent buffer, looked up at each report: `model.to()`
         # and the like put new tensors in them. Buffers under their state dict keys, copied at each report.
         self._param_slots = [(module, key) for _, module in model.named_modules() for key in module._parameters]
-        self._buffer_slots = [(f"{name}.{key}" if name else key, module, key) for name, module in model.named_modules()
-                              for key in module._buffers if (f"{name}.{key}" if name else key) in persistent]
+        buffers = [(f"{prefix}.{key}" if prefix else key, module, key) for prefix, module in model.named_modules()
+                   for key in module._buffers]
+        self._buffer_slots = [slot for slot in buffers if slot[0] in persistent]
         self._optimizers: list[torch.optim.Optimizer] = []
         self._pending: list[dict[str, Any]] = []  # restored optimizer states, loaded at each one's first step
         self._objects: list[Stateful] = []  # `keep()`: an LR scheduler, ...
@@ -99,7 +100,7 @@ class KeptState:
         tensors = [t for module, key in self._param_slots if (t := module._parameters[key]) is not None]
         tensors += [t for o in optimizers for state in o.state.values() for t in state.values()
                     if isinstance(t, torch.Tensor)]
-        tensors += list(buffers.values()) + (tensors_in(pending) if pending else [])
+        tensors += list(buffers.values()) + (tensors_in([pending, objects]) if pending or objects else [])
 
         def build() -> dict[str, Any]:
             model = self._model.state_dict()
