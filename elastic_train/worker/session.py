@@ -117,10 +117,10 @@ class CheckpointMemory:
         their report; None otherwise (the part is not held, or was written to)."""
         with self._lock:
             _, part = self._parts.get((generation, index), (None, None))
-        if not isinstance(part, LivePart) or not part.state_only or not part.clean():
+        if not isinstance(part, LivePart) or not part.state_only:
             return None
-        data = part.data
-        return data if part.clean() else None  # built now, out of tensors still as reported
+        data = part.data  # a kept state's dicts are built when first read, out of its noted tensors
+        return data if part.clean() else None
 
     def keys(self) -> list[tuple[int, int]]:
         """(generation, index) of every part held."""
