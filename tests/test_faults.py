@@ -91,6 +91,20 @@ def test_user_error_within_max_failures_is_retried(local_ray, run_dirs):
 
 
 @pytest.mark.timeout(120)
+def test_reports_every_rank_made_before_a_peer_raised_are_the_failed_runs_metrics(local_ray, run_dirs):
+    """No checkpoint; reports go to the supervisor in batches, and a long `report_interval_s` holds
+    rank 0's in its sender. Rank 1 raises at step 5 while rank 0 waits in step 5's all-reduce: the run
+    fails, and its metrics are those of report 4, which every rank made. Rank 0 leaves the generation
+    and sends its reports before the run's end is settled."""
+    elastic = et.ElasticConfig(report_interval_s=5.0)
+    with pytest.raises(et.WorkerGroupError, match="injected user error at step 5"):
+        _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0, checkpoints=False,
+                 elastic=elastic).fit()
+    result = et.Result.from_path(str(Path(run_dirs["storage"], "run")))
+    assert result.metrics["step"] == 4 and result.checkpoint is None
+
+
+@pytest.mark.timeout(120)
 def test_user_error_over_max_failures_surfaces_with_traceback(local_ray, run_dirs):
     with pytest.raises(et.WorkerGroupError) as caught:
         _trainer(run_dirs, 20, 2, {"kind": "raise", "rank": 1, "at_step": 5}, step_time=0.0).fit()

@@ -136,6 +136,7 @@ class Supervisor:
                                self._elastic.straggler_min_excess_s, self._elastic.memory_growth_reports,
                                self._elastic.memory_growth_min_mb * 2**20)
         self._final_flush: ResumePlan | None = None  # what the workers store before they stop
+        self._flush_chosen = asyncio.Event()  # `_final_flush` is decided: no report is recorded after it
         self._metrics: dict[str, Any] = {}
         self._history: list[dict[str, Any]] = []
         self._log = EventLog(self._storage, go_on=restarted)  # a restarted supervisor appends to its predecessor's
@@ -506,9 +507,23 @@ class Supervisor:
         storing = entry is not None and (entry.committed or bool(entry.persisted))
         return newest if self._state is RunState.ERRORED or not storing else None
 
+    async def _members_leave(self) -> None:
+        """A failed run's members that are still in the generation (a peer raised while they wait in a
+        collective) leave it first, within `drain_timeout_s`: their last reports, sent as they leave,
+        are recorded. A report every rank made before the failure then counts, in the run's metrics and
+        in the checkpoint its holders store."""
+        staying = [m for m in self._members() if m.status is WorkerStatus.MEMBER and m.outcome is None]
+        for m in staying:
+            m.actor.end_generation.remote(self._generation)
+        await self._until(lambda: all(m.outcome is not None or m.status is WorkerStatus.LOST for m in staying),
+                          self._elastic.drain_timeout_s)
+
     async def _shut_down(self) -> None:
         reason = "run finished" if self._state is RunState.FINISHED else "run failed"
+        if self._state is RunState.ERRORED:
+            await self._members_leave()
         self._final_flush = self._unstored_newest()
+        self._flush_chosen.set()
         self._pool.end_all(self._stop(reason), now=False)
         self._event("run_ended", state=self._state.value)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.
@@ -591,6 +606,8 @@ class Supervisor:
         if self._state.terminal:
             if self._is_member(w) and outcome.generation == self._generation:
                 w.outcome = outcome  # what it raised belongs to the failure that ended the run
+                self._fed.set()  # `_members_leave` waits for it
+            await self._flush_chosen.wait()
             return self._stop("run is over")
         if w.status is WorkerStatus.LOST:
             if w.actor is None:
@@ -765,7 +782,7 @@ class Supervisor:
         worker. One of the latest generation is, even once it ended: its barrier passed before it was
         sent, so it was made (the sender flushes its reports before it parks)."""
         current = generation == self._generation and w.status is WorkerStatus.MEMBER
-        if current and not self._state.terminal:
+        if current and not self._flush_chosen.is_set():
             return False
         if not current:
             self._event("stale_report_rejected", worker_id=w.worker_id, pid=w.pid, generation=generation,
