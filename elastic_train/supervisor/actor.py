@@ -351,10 +351,16 @@ class Supervisor:
     def _restart(self, reason: str) -> None:
         """Leave the current generation: abort survivors' groups, probe members that did not exit."""
         self._transition(RunState.RESTARTING, reason=reason)
-        for m in self._members():
-            if m.status is WorkerStatus.MEMBER:
-                m.actor.end_generation.remote(self._generation)
-                self._track(self._pool.probe(m))
+        for m in self._end_generation():
+            self._track(self._pool.probe(m))
+
+    def _end_generation(self) -> list[WorkerRecord]:
+        """Tell the members still in the generation to leave it (their collectives fail, the loop
+        unwinds); returns them."""
+        staying = [m for m in self._members() if m.status is WorkerStatus.MEMBER]
+        for m in staying:
+            m.actor.end_generation.remote(self._generation)
+        return staying
 
     def _count_failure(self, detail: str, raised: dict[int, BaseException] | None = None) -> None:
         self._failures += 1
@@ -512,9 +518,7 @@ class Supervisor:
         collective) leave it first, within `drain_timeout_s`: their last reports, sent as they leave,
         are recorded. A report every rank made before the failure then counts, in the run's metrics and
         in the checkpoint its holders store."""
-        staying = [m for m in self._members() if m.status is WorkerStatus.MEMBER and m.outcome is None]
-        for m in staying:
-            m.actor.end_generation.remote(self._generation)
+        staying = self._end_generation()
         await self._until(lambda: all(m.outcome is not None or m.status is WorkerStatus.LOST for m in staying),
                           self._elastic.drain_timeout_s)
 
