@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 import elastic_train as train
 from elastic_train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -467,3 +472,114 @@ def test_no_checkpoint_with_the_state_kept_live_loses_no_step(local_ray, run_dir
     assert steps_redone(lines) == 0, timeline
     assert read_marker(run_dirs["log_dir"]) and set(result.world_sizes) == {2}, timeline
     assert result.checkpoint is None
+
+
+# == FSDP2 sharded by the loop, DCP saved by every rank (Ray Train's FSDP2 guide) ==================
+class AppState(Stateful):
+    """The guide's `AppState`: the model and optimizer through DCP's `get_state_dict`, and the step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int = 0):
+        self.model, self.optimizer, self.step = model, optimizer, step
+
+    def state_dict(self) -> dict:
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optimizer_state, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.step = state["step"]
+
+
+FSDP_BATCH = 12  # split equally over 2 or 3 ranks
+
+
+def fsdp_blocks() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)])
+
+
+def fsdp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch: a function of the step alone."""
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(FSDP_BATCH, 64, generator=g), torch.randn(FSDP_BATCH, 64, generator=g)
+
+
+def fsdp2_dcp_loop(config):
+    """The loop as Ray Train's FSDP2 guide writes it: each block and the root sharded by the loop over a
+    1-D mesh of the world, AdamW, every rank saving its shards with DCP every 5th step."""
+    ctx = train.get_context()
+    world, rank = ctx.get_world_size(), ctx.get_world_rank()
+    model = fsdp_blocks()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = AppState(model, optimizer)
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)
+    for step in range(state.step + 1, config["steps"] + 1):
+        if step == config["kill_at"] and rank == config["kill_rank"] and once(config):
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = fsdp_batch(step)
+        per = FSDP_BATCH // world
+        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        state.step = step
+        progress(config, step, loss=mean.item() / world)
+        if step % 5 == 0:
+            with tempfile.TemporaryDirectory() as checkpoint_dir:
+                dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
+                train.report({"step": step}, checkpoint=Checkpoint.from_directory(checkpoint_dir))
+        else:
+            train.report({"step": step})
+
+
+def fsdp_reference(steps: int) -> dict[int, float]:
+    """The fault-free losses, in this process: the ranks' equal shares averaged are the whole batch."""
+    model = fsdp_blocks()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = {}
+    for step in range(1, steps + 1):
+        x, y = fsdp_batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out[step] = loss.item()
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scaling", [3, (2, 3)], ids=["fixed", "elastic"])
+def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_renumbered_ranks(
+        ray_4_cpus, run_dirs, scaling):
+    """Rank 1 is SIGKILLed at step 12: the survivors (rank 2 renumbered 1) resume checkpoint 10 from
+    memory, each loading the new rank's shards. Every step redone at the same world size has the loss
+    it had the first time, and every step the loss of the fault-free run."""
+    steps = 20
+    config = {"log_dir": run_dirs["log_dir"], "steps": steps, "kill_at": 12, "kill_rank": 1}
+    result = TorchTrainer(fsdp2_dcp_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=scaling),
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
+                                               failure_config=FailureConfig(max_failures=3))).fit()
+    timeline = assert_finished(result)
+    assert not [e for e in result.events if e["kind"] == "failure"], timeline
+    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
+    assert resumed and resumed[0]["resume_from"] == "memory" and resumed[0]["resume_index"] == 10, timeline
+    lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
+    assert {p["step"] for p in lines} == set(range(1, steps + 1)), timeline
+    first = {}
+    for p in lines:
+        again = first.setdefault((p["step"], p["world"]), p["loss"])
+        assert p["loss"] == again, f"step {p['step']} redone with loss {p['loss']}, first {again}\n{timeline}"
+    expected = fsdp_reference(steps)
+    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
+             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
+    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
+    assert steps_redone(lines) <= 2, timeline

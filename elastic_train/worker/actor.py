@@ -28,6 +28,7 @@ from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
+from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.report_sender import ReportSender
@@ -83,6 +84,7 @@ class TrainWorker:
         self._generation: int | None = None
         self._unwind_at: tuple[int, int] | None = None  # (generation, report index): leave the loop there
         self._assignment: Assignment | None = None  # the last generation's place
+        self._place: Place | None = None  # (rank, world size) in the last generation whose loop ran here
         self._session: TrainSession | None = None  # the last generation's session
         self._stopped = threading.Event()
         self._ended = threading.Event()
@@ -228,6 +230,9 @@ class TrainWorker:
             self._group.leave()
             return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
                            traceback.format_exc())
+        place = (assignment.rank, assignment.world_size)
+        reset_for_generation(self._place, place)  # torch's caches of the previous world (process_state.py)
+        self._place = place
         self._store_resumed(assignment)
         session = TrainSession(
             self.worker_id,
