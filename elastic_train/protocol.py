@@ -26,7 +26,7 @@ class Outcome:
     exit: Exit
     generation: int = -1
     detail: str = ""  # the traceback for USER_ERROR / COLLECTIVE_ERROR
-    held: list[tuple[int, int]] = field(default_factory=list)  # (generation, index) of the parts it holds
+    held: list[HeldCheckpoint] = field(default_factory=list)  # the parts and replicas it holds, with their facts
     error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
     returned: bytes | None = None  # FINISHED on rank 0: what the loop returned, pickled (Result.return_value)
     # A report whose barrier failed after its step made a collective with every peer; this worker holds
@@ -82,6 +82,9 @@ class ResumePlan:
     # The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): restored into
     # the model and its optimizer, never stored, not a checkpoint for `get_checkpoint()`.
     state_only: bool = False
+    # name -> {"size", "sha256"} of the copy its holder serves, as made when reported (or serialized):
+    # checked where it lands. A kept state has none (its tensors' versions are its check).
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,6 +209,7 @@ class Report:
     pace: Pace | None = None
     # A live dict part: whether its rank found it due to be stored (never a kept state's); None: the cadence's call.
     store: bool | None = None
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # its files' size and SHA-256 (none for a live part)
 
 
 @dataclass
@@ -228,6 +232,8 @@ class HeldCheckpoint:
     rank: int
     names: list[str]
     loader_states: list[dict[str, Any]]  # prepare_data_loader positions (global: alike on every rank)
+    # name -> {"size", "sha256"}, made with the files' bytes (at the report; a live part's when serialized)
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,6 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import elastic_train as train
 from elastic_train import Checkpoint, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
@@ -35,8 +42,10 @@ D = 4  # features: the model has D weights
 G = 4  # samples in a step's global batch
 LR, MOMENTUM = 0.5, 0.5
 
-PATTERNS = ("rank0", "same_name", "shard", "dcp", "none", "kept")  # kept: none, its state kept live
-COLLECTIVES = ("ddp", "allreduce", "none")
+# kept: none, its state kept live; fsdp: FSDP2 sharded by the loop, DCP saved by every rank (Ray's FSDP2
+# guide), fsdp_async: the same with dcp.async_save
+PATTERNS = ("rank0", "same_name", "shard", "dcp", "none", "kept", "fsdp", "fsdp_async")
+COLLECTIVES = ("ddp", "allreduce", "none", "fsdp")  # fsdp: FSDP2's own (the fsdp patterns alone)
 
 
 # == the exact fault-free trajectory ===============================================================
@@ -136,6 +145,39 @@ def _load_shards(d: str) -> tuple[int, torch.Tensor, torch.Tensor]:
     return steps.pop(), w, buf
 
 
+class Column(torch.nn.Module):
+    """`Linear(D, 1, bias=False)` with its weight as a column (D, 1), so that FSDP2 shards it by rows
+    over the ranks (a row weight (1, D) would put it all on rank 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor(initial_weights(), dtype=torch.float64).unsqueeze(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+class AppState(Stateful):
+    """Ray's FSDP2 guide's `AppState`: the model and optimizer through DCP's `get_state_dict`, and the step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int = 0):
+        self.model, self.optimizer, self.step = model, optimizer, step
+
+    def state_dict(self) -> dict:
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optimizer_state, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.step = state["step"]
+
+
+def _full_row(t: torch.Tensor) -> list[float]:
+    """A weight or momentum buffer as the list of its D values, whole (an FSDP2 shard gathered)."""
+    whole = t.full_tensor() if isinstance(t, DTensor) else t
+    return whole.detach().flatten().tolist()
+
+
 def pattern_loop(config: dict) -> None:
     """config: pattern (PATTERNS), collective (COLLECTIVES), steps, step_time, fault, log_dir."""
     import torch.distributed as dist
@@ -146,14 +188,19 @@ def pattern_loop(config: dict) -> None:
     ctx = train.get_context()
     rank, world, generation = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_generation()
 
-    model = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
-    with torch.no_grad():
-        model.weight.copy_(torch.tensor([initial_weights()], dtype=torch.float64))
+    if pattern.startswith("fsdp"):  # the loop shards the model itself, as Ray's FSDP2 guide does
+        model = net = Column()
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    else:
+        model = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([initial_weights()], dtype=torch.float64))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     if pattern == "kept":  # no checkpoint: the model and optimizer are kept live, restored in place
         net = prepare_model(model, live_state=True, parallel_strategy="ddp" if collective == "ddp" else None)
-    else:
+    elif not pattern.startswith("fsdp"):
         net = prepare_model(model) if collective == "ddp" else model
+    app = AppState(model, optimizer)
 
     start = ctx.get_resume_index() if pattern == "kept" else 0  # one report per step
     checkpoint = train.get_checkpoint()
@@ -172,6 +219,9 @@ def pattern_loop(config: dict) -> None:
                                            "param_groups": optimizer.state_dict()["param_groups"]})
             elif pattern == "dcp":
                 start = load_state(d, net, optimizer)["step"]
+            elif pattern.startswith("fsdp"):
+                dcp.load({"app": app}, checkpoint_id=d)
+                start = app.step
             else:
                 raise AssertionError(f"pattern {pattern!r} reports no checkpoint, yet got {os.listdir(d)}")
         log_progress(config["log_dir"], restored=start, rank=rank, world=world, generation=generation)
@@ -182,15 +232,15 @@ def pattern_loop(config: dict) -> None:
             x, scale = torch.tensor([sample(step, i) for i in range(G)], dtype=torch.float64), 1.0 / G
         else:
             x = _my_samples(step, rank, world)
-            scale = world / G if collective == "ddp" else 1.0 / G  # DDP averages the ranks' gradients
+            scale = world / G if collective in ("ddp", "fsdp") else 1.0 / G  # DDP and FSDP2 average the ranks' gradients
         loss = scale * net(x).sum()
         optimizer.zero_grad()
         loss.backward()
         if collective == "allreduce":
             dist.all_reduce(model.weight.grad)
         optimizer.step()
-        w = model.weight.detach()[0].tolist()
-        buf = optimizer.state[model.weight]["momentum_buffer"][0].tolist()
+        w, buf = _full_row(model.weight), _full_row(optimizer.state[model.weight]["momentum_buffer"])
+        app.step = step
         time.sleep(config.get("step_time", 0.0))
         log_progress(config["log_dir"], rank=rank, world=world, generation=generation, step=step, w=w, buf=buf)
 
@@ -209,6 +259,10 @@ def pattern_loop(config: dict) -> None:
                            os.path.join(d, f"shard_{rank}.pt"))
             elif pattern == "dcp":
                 save_state(d, net, optimizer, extra={"step": step})
+            elif pattern == "fsdp":  # every rank its shards; rank 0 alone writes .metadata
+                dcp.save({"app": app}, checkpoint_id=d)
+            elif pattern == "fsdp_async":
+                dcp.async_save({"app": app}, checkpoint_id=d).result()
             else:
                 writes = False
             train.report(metrics, checkpoint=Checkpoint.from_directory(d) if writes else None)
@@ -361,6 +415,12 @@ def checkpoint_state(checkpoint: Checkpoint, pattern: str) -> tuple[int, list[fl
         if pattern == "shard":
             step, w, buf = _load_shards(d)
             return step, w[0].tolist(), buf[0].tolist()
+        if pattern.startswith("fsdp"):
+            whole = os.path.join(tempfile.mkdtemp(), "whole.pt")
+            dcp_to_torch_save(d, whole)
+            state = torch.load(whole, weights_only=False)["app"]
+            return (state["step"], state["model"]["weight"].flatten().tolist(),
+                    state["optim"]["state"]["weight"]["momentum_buffer"].flatten().tolist())
         if pattern == "dcp":
             model = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
             optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)

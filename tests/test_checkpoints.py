@@ -8,6 +8,8 @@ import os
 import pytest
 
 import elastic_train as et
+from elastic_train.checkpoint.manifest import CorruptCheckpointError, file_facts
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.session import CheckpointMemory
@@ -32,6 +34,40 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
     assert ledger.resume_plan({10}) == ResumePlan(2, {10: ["model.pt", "shard_0", "shard_1"]}, generation=0)
     ledger.rewind(1)
     assert sorted(ledger.entries) == [1]
+
+
+@pytest.mark.timeout(10)
+def test_a_resume_plan_carries_each_served_copys_facts_and_a_copy_found_corrupt_is_never_planned_again():
+    """Each file is checked where it lands against the facts its copy was made with: the reporter's
+    own, a replica's (its reporter's), a live part's (made as it was serialized, told as its holder
+    parks). A copy found corrupt is passed over: the next holder serves, or no plan from memory."""
+    own_0, own_1 = file_facts({"shard_0": b"zero"}), file_facts({"shard_1": b"one"})
+    ledger = CheckpointLedger(keep=2)
+    ledger.record(0, 2, 4, 0, worker_id=10, names=["shard_0"], metrics={}, loader_states=[], facts=own_0)
+    ledger.record(0, 2, 4, 1, worker_id=11, names=["shard_1"], metrics={}, loader_states=[], facts=own_1)
+    ledger.record_replica(0, 4, 11, ["shard_0"], facts=own_0)
+    assert ledger.resume_plan({10, 11}).facts == {**own_0, **own_1}
+    assert ledger.mark_corrupt(0, 4, 10, "shard_0") and not ledger.mark_corrupt(0, 4, 10, "shard_0")
+    plan = ledger.resume_plan({10, 11})
+    assert plan.holders == {11: ["shard_0", "shard_1"]} and plan.facts == {**own_0, **own_1}
+    ledger.mark_corrupt(0, 4, 11, "shard_0")
+    assert ledger.resume_plan({10, 11}) is None
+    # A live dict part has no facts at its report; its holder tells them as it parks.
+    ledger.record(1, 1, 5, 0, worker_id=10, names=["dict.pt"], metrics={}, loader_states=[])
+    settled = file_facts({"dict.pt": b"state"})
+    ledger.note_held(10, [HeldCheckpoint(5, 1, 0, ["dict.pt"], [], settled), HeldCheckpoint(9, 1, 0, ["x"], [])])
+    assert ledger.resume_plan({10}).facts == settled
+
+
+@pytest.mark.timeout(10)
+def test_a_part_whose_held_copy_no_longer_matches_its_report_is_not_stored(tmp_path):
+    storage = RunStorage.at(str(tmp_path / "run"))
+    files = {"model.pt": b"weights", "extra.txt": b"note"}
+    facts = file_facts(files)
+    assert storage.write_part(1, files, facts=facts) == facts
+    with pytest.raises(CorruptCheckpointError, match="model.pt does not match its SHA-256 in its report"):
+        storage.write_part(2, {**files, "model.pt": b"weighTs"}, facts=facts)
+    assert not any(a.index == 2 for a in storage.attempts())
 
 
 @pytest.mark.timeout(10)

@@ -13,7 +13,9 @@ and fault; scaling = (i + j) % 2, collective = (i + 2j) % 3). Each must finish (
 its FailureConfig says) with the state after every computed step, the final metrics and the final
 committed checkpoint equal to the fault-free trajectory, computed exactly in this process, and at
 most one step redone (none with a notice or a kept state; without checkpoints, from scratch). Cells
-of the kept state follow the square's, for the faults a lost peer or a bug brings.
+of the kept state follow the square's, for the faults a lost peer or a bug brings, and so do those of
+FSDP2 sharded by the loop (Ray's FSDP2 guide: every rank saves its shards with DCP, `dcp.save` or
+`dcp.async_save`), for a lost rank 0, a lost rank 1 where the world changes, and a bug.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ CELLS = _latin_square() + [
     Cell("kept", "kill_ckpt", 2, "ddp"),
     Cell("kept", "stop", (1, 2), "allreduce", rank=1, resume_after_s=4.0, steps=30),
     Cell("kept", "raise", (1, 2), "ddp", max_failures=1),
+    # FSDP2 sharded by the loop, DCP saved by every rank (rank 0's part alone holds .metadata): rank 0
+    # lost (the survivor renumbered 1 -> 0, .metadata served from its replica); the world changing.
+    Cell("fsdp", "kill_ckpt", 2, "fsdp"),
+    Cell("fsdp", "kill_other", (1, 2), "fsdp"),
+    Cell("fsdp_async", "kill_ckpt", (1, 2), "fsdp"),
+    Cell("fsdp_async", "raise", 2, "fsdp", max_failures=1),
 ]
 FAULT_FREE = [Cell("rank0", "none", 2, "ddp"), Cell("shard", "none", 2, "none"),
               Cell("dcp", "none", (1, 2), "allreduce")]

@@ -19,18 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import elastic_train as train
 from elastic_train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from elastic_train.torch import TorchTrainer, prepare_model
+from chaos.memory import corrupt_held_copy
 from tests.conftest import release_ray, start_ray
 from tests.helpers import fit_in_background
 from tests.loops import log_progress, read_progress
-from tests.patterns import step_lines, steps_redone, summary
+from tests.patterns import AppState, step_lines, steps_redone, summary
 
 
 @pytest.fixture
@@ -475,21 +474,6 @@ def test_no_checkpoint_with_the_state_kept_live_loses_no_step(local_ray, run_dir
 
 
 # == FSDP2 sharded by the loop, DCP saved by every rank (Ray Train's FSDP2 guide) ==================
-class AppState(Stateful):
-    """The guide's `AppState`: the model and optimizer through DCP's `get_state_dict`, and the step."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int = 0):
-        self.model, self.optimizer, self.step = model, optimizer, step
-
-    def state_dict(self) -> dict:
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optim": optimizer_state, "step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.step = state["step"]
-
-
 FSDP_BATCH = 12  # split equally over 2 or 3 ranks
 
 
@@ -521,6 +505,8 @@ def fsdp2_dcp_loop(config):
         with checkpoint.as_directory() as checkpoint_dir:
             dcp.load({"app": state}, checkpoint_id=checkpoint_dir)
     for step in range(state.step + 1, config["steps"] + 1):
+        if step == config["kill_at"] and rank == 0 and config.get("corrupt") and once(config, "corrupt"):
+            assert corrupt_held_copy(*config["corrupt"]), "rank 0 holds no such copy"
         if step == config["kill_at"] and rank == config["kill_rank"] and once(config):
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = fsdp_batch(step)
@@ -532,6 +518,7 @@ def fsdp2_dcp_loop(config):
         mean = loss.detach().clone()
         torch.distributed.all_reduce(mean)
         state.step = step
+        time.sleep(config["step_time"])
         progress(config, step, loss=mean.item() / world)
         if step % 5 == 0:
             with tempfile.TemporaryDirectory() as checkpoint_dir:
@@ -556,24 +543,9 @@ def fsdp_reference(steps: int) -> dict[int, float]:
     return out
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("scaling", [3, (2, 3)], ids=["fixed", "elastic"])
-def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_renumbered_ranks(
-        ray_4_cpus, run_dirs, scaling):
-    """Rank 1 is SIGKILLed at step 12: the survivors (rank 2 renumbered 1) resume checkpoint 10 from
-    memory, each loading the new rank's shards. Every step redone at the same world size has the loss
-    it had the first time, and every step the loss of the fault-free run."""
-    steps = 20
-    config = {"log_dir": run_dirs["log_dir"], "steps": steps, "kill_at": 12, "kill_rank": 1}
-    result = TorchTrainer(fsdp2_dcp_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=scaling),
-                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
-                                               failure_config=FailureConfig(max_failures=3))).fit()
-    timeline = assert_finished(result)
-    assert not [e for e in result.events if e["kind"] == "failure"], timeline
-    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
-    assert resumed and resumed[0]["resume_from"] == "memory" and resumed[0]["resume_index"] == 10, timeline
-    lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
-    assert {p["step"] for p in lines} == set(range(1, steps + 1)), timeline
+def assert_fsdp_losses(lines: list[dict], steps: int, timeline: str) -> None:
+    """Every step redone at the same world size has the loss it had the first time; every step, the
+    loss of the fault-free run."""
     first = {}
     for p in lines:
         again = first.setdefault((p["step"], p["world"]), p["loss"])
@@ -582,4 +554,43 @@ def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_ren
     wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
              for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
     assert not wrong, "\n".join(wrong) + f"\n{timeline}"
+
+
+def fit_fsdp2(run_dirs: dict, scaling, **config) -> tuple[train.Result, list[dict], str]:
+    """fsdp2_dcp_loop for 20 steps, rank 1 SIGKILLed at step 12; the result, rank 0's lines, the timeline."""
+    config = {"log_dir": run_dirs["log_dir"], "steps": 20, "kill_at": 12, "kill_rank": 1, "step_time": 0.05, **config}
+    result = TorchTrainer(fsdp2_dcp_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=scaling),
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
+                                               failure_config=FailureConfig(max_failures=3))).fit()
+    timeline = assert_finished(result)
+    assert not [e for e in result.events if e["kind"] == "failure"], timeline
+    lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
+    assert {p["step"] for p in lines} == set(range(1, config["steps"] + 1)), timeline
+    assert_fsdp_losses(lines, config["steps"], timeline)
+    return result, lines, timeline
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scaling", [3, (2, 3)], ids=["fixed", "elastic"])
+def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_renumbered_ranks(
+        ray_4_cpus, run_dirs, scaling):
+    """Rank 1 is SIGKILLed at step 12: the survivors (rank 2 renumbered 1) resume checkpoint 10 from
+    memory, each loading the new rank's shards; steps 11 and 12 are redone with their losses."""
+    result, lines, timeline = fit_fsdp2(run_dirs, scaling)
+    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
+    assert resumed and resumed[0]["resume_from"] == "memory" and resumed[0]["resume_index"] == 10, timeline
     assert steps_redone(lines) <= 2, timeline
+
+
+@pytest.mark.timeout(240)
+def test_a_corrupt_copy_in_memory_is_found_where_it_is_served_and_the_run_resumes_from_storage(ray_4_cpus, run_dirs):
+    """As rank 1 is SIGKILLed at step 12, one byte of rank 0's own copy of its shard of checkpoint 10
+    flips (the only copy left: its replica was rank 1's). The ranks served it find it is not what was
+    reported: the event names it, the generation ends, and the next resumes from storage at 10, every
+    loss that of the fault-free run."""
+    result, lines, timeline = fit_fsdp2(run_dirs, 3, corrupt=(10, "__0_0.distcp"))
+    corrupt = [e for e in result.events if e["kind"] == "checkpoint_copy_corrupt"]
+    assert corrupt and {(e["index"], e["name"]) for e in corrupt} == {(10, "__0_0.distcp")}, timeline
+    assert "does not match its SHA-256" in corrupt[0]["problem"], corrupt
+    generations = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
+    assert [(e["resume_from"], e["resume_index"]) for e in generations] == [("memory", 10), ("storage", 10)], timeline

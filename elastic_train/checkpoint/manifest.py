@@ -21,12 +21,38 @@ FORMAT_VERSION = 1
 
 
 class CorruptCheckpointError(CheckpointError):
-    """A committed checkpoint's file is missing or differs from its manifest."""
+    """A checkpoint's file is missing or differs from what was written: from its manifest (a committed
+    checkpoint), or from the facts it was reported with (a part held in memory)."""
 
 
 def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
     """`{name: {"size", "sha256"}}` for files held in memory."""
     return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
+
+
+def checked_facts(files: Mapping[str, bytes], facts: Mapping[str, dict[str, Any]] | None,
+                  where: str) -> dict[str, dict[str, Any]]:
+    """The facts of `files`: those they were made with (`facts`), once the files are checked against
+    them (a file that no longer matches raises: its copy was corrupted since), or made now."""
+    if not facts:
+        return file_facts(files)
+    for name, data in files.items():
+        problem = file_problem(name, data, facts[name], "its report") if name in facts else f"{name} was not reported"
+        if problem is not None:
+            raise CorruptCheckpointError(f"{where} is corrupt: {problem}")
+    return {name: dict(facts[name]) for name in files}
+
+
+def file_problem(name: str, data: bytes | None, expected: Mapping[str, Any], source: str) -> str | None:
+    """Why `data`, read as file `name`, is not the file whose facts `source` gives as `expected`; None
+    when it is."""
+    if data is None:
+        return f"{name} is missing"
+    if len(data) != expected["size"]:
+        return f"{name} has {len(data)} bytes, {source} says {expected['size']}"
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        return f"{name} does not match its SHA-256 in {source}"
+    return None
 
 
 @dataclass
@@ -57,14 +83,7 @@ class Manifest:
 
     def problem(self, name: str, data: bytes | None) -> str | None:
         """Why `data`, read as file `name`, is not what was committed; None when it is."""
-        expected = self.files[name]
-        if data is None:
-            return f"{name} is missing"
-        if len(data) != expected["size"]:
-            return f"{name} has {len(data)} bytes, the manifest says {expected['size']}"
-        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-            return f"{name} does not match its SHA-256 in the manifest"
-        return None
+        return file_problem(name, data, self.files[name], "the manifest")
 
     def checked(self, read: Callable[[str], bytes | None]) -> Iterator[tuple[str, bytes | None, str | None]]:
         """Every listed file, read by name with `read` (None when missing), and its problem (None when whole)."""

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Mapping
 from fsspec.core import url_to_fs
 
 from elastic_train.checkpoint.checkpoint import is_local
-from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, file_facts
+from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, checked_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import CheckpointError, ConfigError, StorageError
 
@@ -201,12 +201,14 @@ class RunStorage:
         self.retry.call(f"deleting from {self.url()}", self.fs.rm, probe)
 
     # -- writing --------------------------------------------------------------------------------
-    def write_part(self, index: int, files: Mapping[str, bytes], generation: int = 0,
-                   name: str | None = None) -> dict[str, dict[str, Any]]:
+    def write_part(self, index: int, files: Mapping[str, bytes], generation: int = 0, name: str | None = None,
+                   facts: Mapping[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """Store a rank's part of checkpoint `index`, as reported in `generation`, into that
-        attempt's folder (or the one the report named); returns each file's size and checksum."""
+        attempt's folder (or the one the report named); returns each file's size and checksum.
+        `facts`: those the files were reported with; a file that no longer matches them (its copy in
+        memory was corrupted since) raises `CorruptCheckpointError`, and nothing is stored."""
         attempt = Attempt(index, generation, name)
-        facts = file_facts(files)
+        facts = checked_facts(files, facts, f"part of checkpoint {index} (generation {generation}) held in memory")
         for name, data in files.items():
             self._put(posixpath.join(self.folder(attempt), name), data,
                       f"writing {self.url(attempt.dirname, name)}")

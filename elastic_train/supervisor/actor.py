@@ -623,7 +623,8 @@ class Supervisor:
         if outcome.unagreed is not None and self._is_member(w) and outcome.generation == self._generation:
             self._unagreed(w, outcome.unagreed)
         w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
-        w.holds = set(map(tuple, outcome.held))
+        w.holds = {(held.generation, held.index) for held in outcome.held}
+        self._ledger.note_held(worker_id, outcome.held)
         w.last_heartbeat = time.monotonic()
         w.waiting = asyncio.get_running_loop().create_future()
         waiting = w.waiting
@@ -698,7 +699,7 @@ class Supervisor:
             return None
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, w.worker_id, report.names, report.metrics,
-                                    report.loader_states)
+                                    report.loader_states, report.facts)
         w.last_report = (index, time.monotonic())
         if report.pace is not None:
             self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace
@@ -877,15 +878,28 @@ class Supervisor:
         self._commits.part_persisted(worker_id, generation, index, facts)
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
-                           parked: bool = False) -> None:
+                           parked: bool = False, facts: dict[str, dict[str, Any]] | None = None) -> None:
         """A worker holds a copy of a peer's part of checkpoint `index` (see worker/replicator.py, and
-        the hand-over of a leaving worker). `parked`: it took it out of a generation, where nothing is
-        evicted, so it still holds it."""
+        the hand-over of a leaving worker), with the `facts` its files were reported with. `parked`:
+        it took it out of a generation, where nothing is evicted, so it still holds it."""
         w = await self._record(worker_id)
         self._ledger.record_replica(generation, index, worker_id, names,
-                                    self._world_size if generation == self._generation else None)
+                                    self._world_size if generation == self._generation else None, facts)
         if parked and w is not None and w.status is WorkerStatus.PARKED:
             w.holds.add((generation, index))
+
+    async def copy_corrupt(self, worker_id: int, generation: int, of_generation: int, index: int, holder: int,
+                           name: str, problem: str) -> None:
+        """A member of `generation` was served file `name` of checkpoint `index` (of `of_generation`)
+        from worker `holder`'s memory, and it is not what its report made. That copy is never planned
+        from again, and the generation ends: the next one resumes from another copy, storage, or an
+        older checkpoint."""
+        w = await self._record(worker_id)
+        if self._ledger.mark_corrupt(of_generation, index, holder, name):
+            self._event("checkpoint_copy_corrupt", worker_id=worker_id, holder=holder, generation=of_generation,
+                        index=index, name=name, problem=problem)
+        if w is not None and self._is_member(w) and not self._over(generation):
+            self._restart(f"checkpoint {index} served from worker {holder}'s memory is corrupt: {problem}")
 
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""

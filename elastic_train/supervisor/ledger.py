@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES, STATE_FILE
-from elastic_train.protocol import ResumePlan, WorkerInfo
+from elastic_train.protocol import HeldCheckpoint, ResumePlan, WorkerInfo
 
 PRUNE_AFTER = 64  # entries added since the last prune before the next one (keeps pruning O(1) per report)
 
@@ -41,6 +41,10 @@ class ReportEntry:
     # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
     # rank died with its report on the way (closed when the generation ended).
     made_by_all: bool = False
+    # worker id -> name -> {"size", "sha256"} of the copy it holds, as made with the bytes (at the report,
+    # or as a live part was serialized): a resume from memory checks each file it is served against them.
+    copies: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    corrupt: set[tuple[int, str]] = field(default_factory=set)  # (worker id, name): a copy found not as made
 
     @property
     def complete(self) -> bool:
@@ -86,9 +90,17 @@ class ReportEntry:
         return self.uploaders() - set(self.persisted) if self.persist else set()
 
     def holders(self, name: str) -> list[int]:
-        """The workers that hold file `name` in memory: its reporters, by rank, then replica keepers."""
-        return ([wid for _, (wid, names) in sorted(self.parts.items()) if name in names]
-                + [wid for wid, names in sorted(self.replicas.items()) if name in names])
+        """The workers that hold file `name` in memory (a copy found corrupt aside): its reporters, by
+        rank, then replica keepers."""
+        found = ([wid for _, (wid, names) in sorted(self.parts.items()) if name in names]
+                 + [wid for wid, names in sorted(self.replicas.items()) if name in names])
+        return [wid for wid in found if (wid, name) not in self.corrupt]
+
+    def note_copies(self, worker_id: int, facts: dict[str, dict[str, Any]]) -> None:
+        """The facts of the files `worker_id` holds; those first known are kept (a copy's facts never
+        change: they were made with its bytes)."""
+        if facts:
+            self.copies[worker_id] = {**facts, **self.copies.get(worker_id, {})}
 
     def file_facts(self) -> dict[str, dict[str, Any]]:
         """Size and checksum of every stored file, merged over the workers that stored them by name."""
@@ -128,12 +140,14 @@ class CheckpointLedger:
         names: list[str] | None,
         metrics: dict[str, Any],
         loader_states: list[dict[str, Any]],
+        facts: dict[str, dict[str, Any]] | None = None,
     ) -> ReportEntry:
         entry = self.entries.setdefault(index, ReportEntry(generation, world_size))
         entry.reported_ranks.add(rank)
         entry.metrics_by_rank[rank] = metrics
         if names is not None:
             entry.parts[rank] = (worker_id, names)
+            entry.note_copies(worker_id, facts or {})
         if rank == 0:
             entry.metrics = metrics
         if rank == 0 or not entry.loader_states:  # global positions, alike on every rank: any rank's serve
@@ -163,14 +177,34 @@ class CheckpointLedger:
         return closed
 
     def record_replica(self, generation: int, index: int, worker_id: int, names: list[str],
-                       world_size: int | None = None) -> None:
-        """A worker keeps a copy of a peer's part. For the running generation (its `world_size` given)
-        it may say so before the report itself is recorded: the entry is opened then."""
+                       world_size: int | None = None, facts: dict[str, dict[str, Any]] | None = None) -> None:
+        """A worker keeps a copy of a peer's part (`facts`: as the peer reported them). For the running
+        generation (its `world_size` given) it may say so before the report itself is recorded: the
+        entry is opened then."""
         entry = self.entries.get(index)
         if entry is None and world_size is not None:
             entry = self.entries[index] = ReportEntry(generation, world_size)
         if entry is not None and entry.generation == generation:
             entry.replicas[worker_id] = sorted(set(entry.replicas.get(worker_id, [])) | set(names))
+            entry.note_copies(worker_id, facts or {})
+
+    def note_held(self, worker_id: int, held: list[HeldCheckpoint]) -> None:
+        """What a parking worker holds, with its files' facts (a live part's are made as it is serialized,
+        after its report)."""
+        for h in held:
+            entry = self.entries.get(h.index)
+            if entry is not None and entry.generation == h.generation:
+                entry.note_copies(worker_id, h.facts)
+
+    def mark_corrupt(self, generation: int, index: int, worker_id: int, name: str) -> bool:
+        """`worker_id`'s copy of file `name` of checkpoint `index` of `generation` was served and found
+        not to be what its report made: no resume is planned from it again. False if already known
+        (or the checkpoint is forgotten)."""
+        entry = self.entries.get(index)
+        if entry is None or entry.generation != generation or (worker_id, name) in entry.corrupt:
+            return False
+        entry.corrupt.add((worker_id, name))
+        return True
 
     def adopt(self, generation: int, world_size: int, members: list[WorkerInfo]) -> None:
         """Rebuild the entries of `generation` from what its members hold in memory (a restarted
@@ -181,6 +215,7 @@ class CheckpointLedger:
                 if held.generation == generation:
                     entry = self.entries.setdefault(held.index, ReportEntry(generation, world_size))
                     entry.parts[held.rank] = (m.worker_id, held.names)
+                    entry.note_copies(m.worker_id, held.facts)
                     entry.loader_states = held.loader_states  # global positions: alike on every rank
         for index, entry in self.entries.items():
             entry.reported_ranks.update(m.rank for m in members if m.index >= index)
@@ -231,17 +266,20 @@ class CheckpointLedger:
                 return wid in live_workers and (wid not in holds or (entry.generation, index) in holds[wid])
 
             holders: dict[int, list[str]] = {}
+            facts: dict[str, dict[str, Any]] = {}
             # A kept state is served alone; beside a checkpoint (a barrier failed as ranks reported both), never.
             for name in sorted(entry.names if entry.state_only else entry.names - {STATE_FILE}):
                 holder = next((wid for wid in entry.holders(name) if serves(wid)), None)
                 if holder is None:
                     break
                 holders.setdefault(holder, []).append(name)
+                if name in entry.copies.get(holder, {}):
+                    facts[name] = entry.copies[holder][name]
             else:
                 store = entry.made_by_all and bool(entry.persist) and not entry.persisted and not entry.committed
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
-                                  state_only=entry.state_only)
+                                  state_only=entry.state_only, facts=facts)
         return None
 
     def rewind(self, index: int) -> None:

@@ -14,13 +14,13 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, ResumePlan, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
@@ -144,17 +144,25 @@ class TrainWorker:
         return files
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
-        """Keep a peer's checkpoint part, and tell the supervisor this worker holds it."""
+        """Keep a peer's checkpoint part (with the facts it was reported with), and tell the
+        supervisor this worker holds it."""
         running = held.generation == self._generation
         self._replicas.put(held, files, evict=running)
-        self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running)
+        self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running,
+                                             held.facts)
 
     def hand_over(self, generation: int, index: int, names: list[str], peer: Any) -> None:
         """This worker is leaving (a preemption notice): copy its files of a checkpoint into `peer`'s
         memory, which then serves them to the next generation."""
         files = self.read_checkpoint(generation, index, names)
-        held = HeldCheckpoint(index, generation, -1, sorted(files), [])
+        held = HeldCheckpoint(index, generation, -1, sorted(files), [], self._held_facts(generation, index, files))
         ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)
+
+    def _held_facts(self, generation: int, index: int, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The facts of `names` of checkpoint `index` of `generation`, as this worker holds them (its own
+        part's, or a peer's it keeps)."""
+        known = {**self._replicas.facts(generation, index), **self._memory.facts(generation, index)}
+        return {name: known[name] for name in names if name in known}
 
     def describe(self) -> WorkerInfo:
         """Where this worker stands, for a restarted supervisor to adopt it."""
@@ -210,7 +218,7 @@ class TrainWorker:
                     self._flush_on_stop(place)
                     return place.reason
                 outcome = self._run_generation(place)
-                outcome.held = self._memory.keys() + self._replicas.keys()
+                outcome.held = self._memory.holdings() + self._replicas.holdings()
         finally:
             heartbeat.stop()
             self._notices.stop()
@@ -307,7 +315,8 @@ class TrainWorker:
         if plan is None or not plan.store or self.worker_id not in plan.holders:
             return
         files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
-        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, dir_name=plan.dir_name))
+        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, dir_name=plan.dir_name,
+                                          facts=_facts_of(plan, files)))
 
     def _send_reports(self, batch: list[Report]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
@@ -345,7 +354,8 @@ class TrainWorker:
             files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
         except KeyError:
             return
-        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, final=True))
+        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, final=True,
+                                          facts=_facts_of(plan, files)))
         self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
 
     # -- the persister's callbacks (its thread) -------------------------------------------------
@@ -357,7 +367,8 @@ class TrainWorker:
             raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
         began = time.monotonic()
-        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name)
+        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name,
+                                              facts=part.facts)
         upload_s = time.monotonic() - began
         # Its report first (the supervisor knows no checkpoint before a report of it), sent in the
         # background when no round trip decided the storing (session.py).
@@ -365,11 +376,16 @@ class TrainWorker:
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
         ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts, upload_s))
 
-    def _upload_given_up(self, part: PartUpload, error: StorageError) -> None:
+    def _upload_given_up(self, part: PartUpload, error: Exception) -> None:
         self._supervisor.persist_given_up.remote(self.worker_id, part.generation, part.index, str(error))
 
     def _storage_failed(self, part: PartUpload, error: StorageError) -> None:
         self._supervisor.storage_failed.remote(self.worker_id, str(error))
+
+
+def _facts_of(plan: ResumePlan, files: dict[str, bytes]) -> dict[str, dict[str, Any]] | None:
+    """The facts `plan` gives for `files` (checked as they are stored); None if it lacks some."""
+    return {name: plan.facts[name] for name in files} if set(files) <= set(plan.facts) else None
 
 
 _COLLECTIVE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "nccl")

@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+from elastic_train.checkpoint.manifest import CorruptCheckpointError
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.errors import StorageError
 from elastic_train.protocol import Assignment
@@ -39,6 +40,7 @@ class PartUpload:
     replaceable: bool = True  # a newer part may replace it while it waits
     final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
     dir_name: str | None = None  # the folder the report named; None: the attempt's own
+    facts: dict[str, dict[str, Any]] | None = None  # the files' size and SHA-256 as reported: checked as stored
 
 
 class PartObsolete(Exception):
@@ -62,13 +64,14 @@ class Persister:
     def __init__(
         self,
         upload: Callable[[PartUpload], None],
-        on_given_up: Callable[[PartUpload, StorageError], None],
+        on_given_up: Callable[[PartUpload, Exception], None],
         on_failed: Callable[[PartUpload, StorageError], None],
         max_queued: int,
     ):
         """`upload` stores a part (retrying transient errors itself; raising `PartObsolete` for a
-        part no longer wanted); `on_given_up` hears of a part given up after its retry deadline,
-        `on_failed` of a permanent storage error."""
+        part no longer wanted); `on_given_up` hears of a part given up after its retry deadline, or
+        found corrupt (its copy in memory no longer matches its report), `on_failed` of a permanent
+        storage error."""
         self._upload = upload
         self._on_given_up = on_given_up
         self._on_failed = on_failed
@@ -131,6 +134,9 @@ class Persister:
             except PartObsolete as exc:
                 logger.info("checkpoint %d of generation %d dropped before its upload: %s", part.index,
                             part.generation, exc)
+            except CorruptCheckpointError as exc:
+                logger.error("checkpoint %d not persisted: %s", part.index, exc)
+                self._on_given_up(part, exc)
             except TransientStorageError as exc:
                 logger.warning("checkpoint %d not persisted, storage kept failing: %s; training goes on, the "
                                "next checkpoint will be tried", part.index, exc)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes, is_local,
                                                  needs_replica)
+from elastic_train.checkpoint.manifest import file_facts, file_problem
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.config import CheckpointConfig
@@ -55,6 +56,11 @@ class GenerationEnded(BaseException):
 class PeerLost(GenerationEnded):
     """`report()`'s barrier failed while the generation still ran: a peer was lost (its connection
     closed) before the supervisor knew. The loop unwinds as from any failed collective."""
+
+
+class CorruptCopy(PeerLost):
+    """A file of the checkpoint this generation resumes from, served from memory, is not what its
+    report made: the generation ends, and the next one resumes from another copy."""
 
 
 Part = dict[str, bytes] | LivePart  # a checkpoint part's files, or a dict checkpoint's live tensors
@@ -87,15 +93,15 @@ class CheckpointMemory:
                 # more of the same checkpoint (parts handed over by two peers): merged
                 known, held_files = self._parts[key]
                 part = {**held_files, **part}
-                held = dataclasses.replace(known, names=sorted(part))
+                held = dataclasses.replace(known, names=sorted(part), facts={**known.facts, **held.facts})
             self._parts[key] = (held, part)
             while evict and len(self._parts) > self._keep:
                 self._parts.popitem(last=False)
 
     def settle(self) -> None:
         """The generation ended and its loop stopped writing: each live part still clean becomes its
-        files (serialized once, for a peer or storage to read), one no longer clean is dropped (the run
-        resumes from an older checkpoint). A kept state stays as it is: this worker resumes from its
+        files (serialized once, for a peer or storage to read; their facts made with them), one no
+        longer clean is dropped (the run resumes from an older checkpoint). A kept state stays as it is: this worker resumes from its
         tensors (`live_state`), a newcomer receives them over the group, and they are serialized only
         for a peer that asks over Ray (`find`)."""
         with self._lock:
@@ -109,8 +115,8 @@ class CheckpointMemory:
                     logger.info("checkpoint %d of generation %d was written to after its report: not kept",
                                 key[1], key[0])
                     self._parts.pop(key, None)
-                elif key in self._parts:
-                    self._parts[key] = (held, files)
+                elif key in self._parts:  # its facts made with its bytes: checked wherever they are served
+                    self._parts[key] = (dataclasses.replace(held, facts=file_facts(files)), files)
 
     def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
         """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
@@ -128,9 +134,16 @@ class CheckpointMemory:
             return list(self._parts)
 
     def holdings(self) -> list[HeldCheckpoint]:
-        """What is held, for a restarted supervisor."""
+        """What is held, with the facts of each part's files (for the supervisor, as a worker parks or
+        is adopted)."""
         with self._lock:
             return [held for held, _ in self._parts.values()]
+
+    def facts(self, generation: int, index: int) -> dict[str, dict[str, Any]]:
+        """The facts of the files held for checkpoint `index` of `generation` ({} if none are known)."""
+        with self._lock:
+            held, _ = self._parts.get((generation, index), (None, None))
+        return dict(held.facts) if held is not None else {}
 
     def get(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         found = self.find(generation, index, names)
@@ -288,12 +301,14 @@ class TrainSession:
         kept = live is not None and live.state_only
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
-        held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states) if names is not None else None
+        facts = file_facts(files) if files is not None else {}  # checked wherever the files are served or stored
+        held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states,
+                              facts) if names is not None else None
         stored = live is not None and not kept  # a live part that the cadence may store
         store = None if live is None else stored and self._checkpointing.persist_due(
             self._live_reports + 1, time.monotonic() - self._live_stored_at)
         report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
-                        mode is CheckpointUploadMode.SYNC, pace, store)
+                        mode is CheckpointUploadMode.SYNC, pace, store, facts)
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
         stepped = self._stepped()
@@ -319,7 +334,8 @@ class TrainSession:
             if live is not None and agreed.store_live:  # every rank holds its live part: rank 0's is stored
                 self._live_reports, self._live_stored_at, self._unpersisted = 0, time.monotonic(), None
                 if assignment.rank == 0:
-                    self._upload(PartUpload(assignment.generation, self.index, self._copy_live(held, live, replicate),
+                    files, facts = self._copy_live(held, live, replicate)
+                    self._upload(PartUpload(assignment.generation, self.index, files, facts=facts,
                                             replaceable=self._checkpointing.replaceable))
             elif stored:  # stored if the loop ends here: by rank 0 alone if every rank holds it
                 keeps = assignment.rank == 0 or not agreed.every_part
@@ -547,27 +563,30 @@ class TrainSession:
             ray.get(self._supervisor.part_persisted.remote(self.worker_id, self.context.assignment.generation, index,
                                                            facts))
         if held is not None and (files is not None or live is not None):
+            facts = held.facts
             if reply.persist and live is not None:
-                files = self._copy_live(held, live, replicate)
+                files, facts = self._copy_live(held, live, replicate)
                 self._live_reports, self._live_stored_at = 0, time.monotonic()
             part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
-                              dir_name=reply.dir_name)
+                              dir_name=reply.dir_name, facts=facts or None)
             self._unpersisted = None if reply.persist else (part, live)
             if reply.upload:
                 self._upload(part)
         return reply.unwind
 
-    def _copy_live(self, held: HeldCheckpoint, live: LivePart, replicate: bool) -> dict[str, bytes]:
-        """The consistent copy of a live part to store, taken while the loop waits in report(); held
-        in its place."""
+    def _copy_live(self, held: HeldCheckpoint, live: LivePart,
+                   replicate: bool) -> tuple[dict[str, bytes], dict[str, dict[str, Any]]]:
+        """The consistent copy of a live part to store, and its files' facts, taken while the loop
+        waits in report(); held in its place."""
         files = live.files()
         if files is None:
             raise CheckpointError(
                 f"the tensors of report {held.index}'s Checkpoint.from_dict were written to while report() "
                 "stored them (by another thread of the loop?): report a dict of copies "
                 "({k: v.clone() ...}) if the loop must go on writing them.")
-        self._keep(held, files, replicate)
-        return files
+        facts = file_facts(files)
+        self._keep(dataclasses.replace(held, facts=facts), files, replicate)
+        return files, facts
 
     def _upload(self, part: PartUpload) -> None:
         """Hand a part to the persister (it waits for room in the upload queue)."""
@@ -645,24 +664,44 @@ class TrainSession:
         return checkpoint_from_files(files, self._scratch)
 
     def _gather(self, plan: ResumePlan) -> dict[str, bytes]:
-        """The checkpoint's files from the memory of the survivors that hold them (this one included).
-        A holder lost meanwhile ends the generation (the next one resumes from what is left), as a
-        lost peer does: it is no error of the loop's."""
-        files: dict[str, bytes] = {}
-        remote = []
-        for holder, names in plan.holders.items():
-            if holder == self.worker_id:
-                files.update(self._read_held(plan.generation, plan.index, names))
-            else:
-                remote.append(self.context.assignment.peers[holder].read_checkpoint.remote(
-                    plan.generation, plan.index, names))
+        """The checkpoint's files from the memory of the survivors that hold them (this one included),
+        each checked against the facts it was reported with. A holder lost meanwhile ends the
+        generation (the next one resumes from what is left), as a lost peer does: it is no error of
+        the loop's. So does a copy that is not what was reported (`_check_served`)."""
+        remote = [holder for holder in plan.holders if holder != self.worker_id]
+        refs = [self.context.assignment.peers[holder].read_checkpoint.remote(plan.generation, plan.index,
+                                                                             plan.holders[holder])
+                for holder in remote]
+        served: dict[int, dict[str, bytes]] = {}
+        if self.worker_id in plan.holders:
+            served[self.worker_id] = self._read_held(plan.generation, plan.index, plan.holders[self.worker_id])
         try:
-            parts = ray.get(remote)
+            served.update(zip(remote, ray.get(refs)))
         except ray.exceptions.RayActorError as exc:
             raise PeerLost(f"a worker holding checkpoint {plan.index} was lost while this one fetched it: {exc}") from exc
-        for part in parts:
+        files: dict[str, bytes] = {}
+        for holder, part in served.items():
+            self._check_served(plan, holder, part)
             files.update(part)
         return files
+
+    def _check_served(self, plan: ResumePlan, holder: int, part: dict[str, bytes]) -> None:
+        """Is each file `holder` served what its report made? One that is not (memory corrupted, a
+        file served under another's name) is never loaded: the supervisor hears of it, drops that
+        copy, and ends the generation; the next one resumes from another copy, storage or an older
+        checkpoint (the `checkpoint_copy_corrupt` event)."""
+        for name in sorted(part):
+            expected = plan.facts.get(name)
+            if expected is None:
+                logger.warning("%s of checkpoint %d, served from worker %d's memory, has no facts to check it against",
+                               name, plan.index, holder)
+                continue
+            problem = file_problem(name, part[name], expected, "its report")
+            if problem is not None:
+                logger.error("checkpoint %d served from worker %d's memory is corrupt: %s", plan.index, holder, problem)
+                ray.get(self._supervisor.copy_corrupt.remote(self.worker_id, self.context.assignment.generation,
+                                                             plan.generation, plan.index, holder, name, problem))
+                raise CorruptCopy(f"checkpoint {plan.index} served from worker {holder}'s memory is corrupt: {problem}")
 
     def close(self) -> None:
         """The generation is over: settle a report still awaiting its barrier (the loop raised after
