@@ -209,7 +209,6 @@ class Report:
     pace: Pace | None = None
     # A live dict part: whether its rank found it due to be stored (never a kept state's); None: the cadence's call.
     store: bool | None = None
-    facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # its files' size and SHA-256 (none for a live part)
 
 
 @dataclass

@@ -43,20 +43,34 @@ def test_a_resume_plan_carries_each_served_copys_facts_and_a_copy_found_corrupt_
     parks). A copy found corrupt is passed over: the next holder serves, or no plan from memory."""
     own_0, own_1 = file_facts({"shard_0": b"zero"}), file_facts({"shard_1": b"one"})
     ledger = CheckpointLedger(keep=2)
-    ledger.record(0, 2, 4, 0, worker_id=10, names=["shard_0"], metrics={}, loader_states=[], facts=own_0)
-    ledger.record(0, 2, 4, 1, worker_id=11, names=["shard_1"], metrics={}, loader_states=[], facts=own_1)
-    ledger.record_replica(0, 4, 11, ["shard_0"], facts=own_0)
+    ledger.record(0, 2, 4, 0, worker_id=10, names=["shard_0"], metrics={}, loader_states=[])
+    ledger.record(0, 2, 4, 1, worker_id=11, names=["shard_1"], metrics={}, loader_states=[])
+    ledger.record_replica(0, 4, 11, ["shard_0"], facts=own_0)  # worker 11 keeps worker 10's part
+    # The reporters tell the facts of their own copies as they park (before any plan is made from them).
+    ledger.note_held(10, [HeldCheckpoint(4, 0, 0, ["shard_0"], [], own_0)])
+    ledger.note_held(11, [HeldCheckpoint(4, 0, 1, ["shard_1"], [], own_1)])
     assert ledger.resume_plan({10, 11}).facts == {**own_0, **own_1}
     assert ledger.mark_corrupt(0, 4, 10, "shard_0") and not ledger.mark_corrupt(0, 4, 10, "shard_0")
     plan = ledger.resume_plan({10, 11})
     assert plan.holders == {11: ["shard_0", "shard_1"]} and plan.facts == {**own_0, **own_1}
     ledger.mark_corrupt(0, 4, 11, "shard_0")
     assert ledger.resume_plan({10, 11}) is None
-    # A live dict part has no facts at its report; its holder tells them as it parks.
-    ledger.record(1, 1, 5, 0, worker_id=10, names=["dict.pt"], metrics={}, loader_states=[])
-    settled = file_facts({"dict.pt": b"state"})
-    ledger.note_held(10, [HeldCheckpoint(5, 1, 0, ["dict.pt"], [], settled), HeldCheckpoint(9, 1, 0, ["x"], [])])
-    assert ledger.resume_plan({10}).facts == settled
+    # Facts of a report the ledger does not know (another generation's, say) are no one's.
+    ledger.note_held(10, [HeldCheckpoint(4, 1, 0, ["shard_0"], [], own_1), HeldCheckpoint(9, 0, 0, ["x"], [])])
+    assert ledger.entries[4].copies[10] == own_0 and 9 not in ledger.entries
+
+
+@pytest.mark.timeout(10)
+def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reported():
+    memory = CheckpointMemory(keep=2)
+    files = {"model.pt": b"weights"}
+    memory.put(HeldCheckpoint(1, 0, 0, ["model.pt"], []), files)
+    replica = file_facts({"shard_1": b"peer"})
+    memory.put(HeldCheckpoint(2, 0, 1, ["shard_1"], [], replica), {"shard_1": b"peer"})  # a peer's, with its facts
+    assert memory.facts(0, 1) == file_facts(files) and memory.facts(0, 2) == replica
+    assert [h.facts for h in memory.holdings()] == [file_facts(files), replica]
+    memory.put(HeldCheckpoint(3, 0, 0, ["model.pt"], []), files)  # evicts index 1
+    assert memory.facts(0, 1) == {} and memory.keys() == [(0, 2), (0, 3)]
 
 
 @pytest.mark.timeout(10)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -28,6 +31,26 @@ class CorruptCheckpointError(CheckpointError):
 def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
     """`{name: {"size", "sha256"}}` for files held in memory."""
     return {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
+
+
+HASHING_NICE = 19  # the hashing thread's nice value: it yields the CPU to the loop's threads
+
+
+def _yield_to_the_loop() -> None:
+    """Lower the hashing thread's priority. On Linux a nice value is a thread's own (`setpriority`
+    with `who=0` is the calling thread); elsewhere it would be the whole process's, so it is left."""
+    if sys.platform.startswith("linux"):
+        os.setpriority(os.PRIO_PROCESS, 0, HASHING_NICE)
+
+
+_HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-facts", initializer=_yield_to_the_loop)
+
+
+def facts_soon(files: Mapping[str, bytes]) -> Future[dict[str, dict[str, Any]]]:
+    """The facts of files just snapshotted, made on a background thread of low priority, so that the
+    report does not wait for the hash (its cost: benchmarks/RESULTS.md). The bytes are immutable: the
+    facts are those of the files as reported."""
+    return _HASHING.submit(file_facts, files)
 
 
 def checked_facts(files: Mapping[str, bytes], facts: Mapping[str, dict[str, Any]] | None,

@@ -699,7 +699,7 @@ class Supervisor:
             return None
         world_size = self._world_size
         entry = self._ledger.record(generation, world_size, index, w.rank, w.worker_id, report.names, report.metrics,
-                                    report.loader_states, report.facts)
+                                    report.loader_states)
         w.last_report = (index, time.monotonic())
         if report.pace is not None:
             self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace

@@ -41,8 +41,9 @@ class ReportEntry:
     # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
     # rank died with its report on the way (closed when the generation ended).
     made_by_all: bool = False
-    # worker id -> name -> {"size", "sha256"} of the copy it holds, as made with the bytes (at the report,
-    # or as a live part was serialized): a resume from memory checks each file it is served against them.
+    # worker id -> name -> {"size", "sha256"} of the copy it holds, as made with the bytes (as they were
+    # reported, or as a live part was serialized; told as it parks, or with a replica): a resume from
+    # memory checks each file it is served against them.
     copies: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     corrupt: set[tuple[int, str]] = field(default_factory=set)  # (worker id, name): a copy found not as made
 
@@ -140,14 +141,12 @@ class CheckpointLedger:
         names: list[str] | None,
         metrics: dict[str, Any],
         loader_states: list[dict[str, Any]],
-        facts: dict[str, dict[str, Any]] | None = None,
     ) -> ReportEntry:
         entry = self.entries.setdefault(index, ReportEntry(generation, world_size))
         entry.reported_ranks.add(rank)
         entry.metrics_by_rank[rank] = metrics
         if names is not None:
             entry.parts[rank] = (worker_id, names)
-            entry.note_copies(worker_id, facts or {})
         if rank == 0:
             entry.metrics = metrics
         if rank == 0 or not entry.loader_states:  # global positions, alike on every rank: any rank's serve

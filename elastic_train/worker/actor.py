@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from elastic_train.config import CheckpointConfig, ElasticConfig
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, ResumePlan, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
+from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
@@ -299,14 +301,17 @@ class TrainWorker:
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
-    def _keep_snapshot(self, held: HeldCheckpoint, part: Part, replicate: bool) -> None:
+    def _keep_snapshot(self, held: HeldCheckpoint, part: Part, replicate: bool,
+                       facts: Future[dict[str, dict[str, Any]]] | None) -> None:
         """A reported part: held in memory, and with `replicate` its files copied to the buddy (if
-        any) in the background. A live part is not copied: its tensors change under the copy
-        (live_part.py)."""
-        self._memory.put(held, part)
+        any) in the background, with their facts (`facts`: on their way). A live part is not copied:
+        its tensors change under the copy (live_part.py)."""
+        if isinstance(part, dict):
+            facts = facts or facts_soon(part)
+        self._memory.put(held, part, facts=facts)
         if (replicate and isinstance(part, dict) and self._assignment is not None
                 and self._assignment.buddy is not None):
-            self._replicator.submit(self._assignment.buddy, held, part)
+            self._replicator.submit(self._assignment.buddy, held, part, facts)
 
     def _store_resumed(self, assignment: Assignment) -> None:
         """The checkpoint this generation resumes from was chosen to be stored, but its report's
@@ -367,8 +372,9 @@ class TrainWorker:
             raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
         began = time.monotonic()
+        reported = part.facts.result() if isinstance(part.facts, Future) else part.facts
         facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name,
-                                              facts=part.facts)
+                                              facts=reported)
         upload_s = time.monotonic() - began
         # Its report first (the supervisor knows no checkpoint before a report of it), sent in the
         # background when no round trip decided the storing (session.py).

@@ -19,6 +19,7 @@ import collections
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,7 +41,8 @@ class PartUpload:
     replaceable: bool = True  # a newer part may replace it while it waits
     final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
     dir_name: str | None = None  # the folder the report named; None: the attempt's own
-    facts: dict[str, dict[str, Any]] | None = None  # the files' size and SHA-256 as reported: checked as stored
+    # The files' size and SHA-256 as reported (or on their way): checked as they are stored.
+    facts: dict[str, dict[str, Any]] | Future[dict[str, dict[str, Any]]] | None = None
 
 
 class PartObsolete(Exception):

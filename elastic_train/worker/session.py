@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from typing import Any, Callable, NoReturn, Protocol
 
 import ray
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes, is_local,
                                                  needs_replica)
-from elastic_train.checkpoint.manifest import file_facts, file_problem
+from elastic_train.checkpoint.manifest import facts_soon, file_problem
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.config import CheckpointConfig
@@ -74,16 +75,21 @@ class CheckpointMemory:
     """The newest reported checkpoint parts, by (generation, report index): after a rewind a new
     generation reports the same indices again, and a part of an older generation must never be served
     for one of a newer. A part is its files, or a dict checkpoint's live tensors (live_part.py), of
-    which only the newest is kept: an older one holds the same tensors, moved on. Thread-safe."""
+    which only the newest is kept: an older one holds the same tensors, moved on. Each part's files
+    have their facts (size, SHA-256), made with them in the background. Thread-safe."""
 
     def __init__(self, keep: int):
         self._keep = keep
         self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, Part]] = OrderedDict()
+        self._making: dict[tuple[int, int], Future[dict[str, dict[str, Any]]]] = {}  # facts on their way
         self._lock = threading.Lock()
 
-    def put(self, held: HeldCheckpoint, part: Part, evict: bool = True) -> None:
+    def put(self, held: HeldCheckpoint, part: Part, evict: bool = True,
+            facts: Future[dict[str, dict[str, Any]]] | None = None) -> None:
         """Keep a part; with `evict`, drop the oldest beyond `keep`. A worker tells the supervisor
-        what it holds when it parks; from then on, until its next generation, nothing is evicted."""
+        what it holds when it parks; from then on, until its next generation, nothing is evicted.
+        The facts of its files: `held.facts`, else those `facts` will give, else made now in the
+        background."""
         with self._lock:
             key = (held.generation, held.index)
             if isinstance(part, LivePart):
@@ -94,9 +100,11 @@ class CheckpointMemory:
                 known, held_files = self._parts[key]
                 part = {**held_files, **part}
                 held = dataclasses.replace(known, names=sorted(part), facts={**known.facts, **held.facts})
+            elif not held.facts:
+                self._making[key] = facts or facts_soon(part)
             self._parts[key] = (held, part)
             while evict and len(self._parts) > self._keep:
-                self._parts.popitem(last=False)
+                self._making.pop(self._parts.popitem(last=False)[0], None)
 
     def settle(self) -> None:
         """The generation ended and its loop stopped writing: each live part still clean becomes its
@@ -115,8 +123,9 @@ class CheckpointMemory:
                     logger.info("checkpoint %d of generation %d was written to after its report: not kept",
                                 key[1], key[0])
                     self._parts.pop(key, None)
-                elif key in self._parts:  # its facts made with its bytes: checked wherever they are served
-                    self._parts[key] = (dataclasses.replace(held, facts=file_facts(files)), files)
+                elif key in self._parts:
+                    self._parts[key] = (held, files)
+                    self._making[key] = facts_soon(files)
 
     def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
         """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
@@ -136,14 +145,30 @@ class CheckpointMemory:
     def holdings(self) -> list[HeldCheckpoint]:
         """What is held, with the facts of each part's files (for the supervisor, as a worker parks or
         is adopted)."""
-        with self._lock:
-            return [held for held, _ in self._parts.values()]
+        return [held for held in map(self._with_facts, self.keys()) if held is not None]
 
     def facts(self, generation: int, index: int) -> dict[str, dict[str, Any]]:
-        """The facts of the files held for checkpoint `index` of `generation` ({} if none are known)."""
-        with self._lock:
-            held, _ = self._parts.get((generation, index), (None, None))
+        """The facts of the files held for checkpoint `index` of `generation` ({} if none are held)."""
+        held = self._with_facts((generation, index))
         return dict(held.facts) if held is not None else {}
+
+    def _with_facts(self, key: tuple[int, int]) -> HeldCheckpoint | None:
+        """The part's record, its facts made (waited for outside the lock: the loop keeps putting)."""
+        with self._lock:
+            held, _ = self._parts.get(key, (None, None))
+            making = self._making.get(key)
+        if making is None:
+            return held
+        facts = making.result()
+        with self._lock:
+            if self._making.get(key) is making:
+                del self._making[key]
+                held, part = self._parts[key]
+                held = dataclasses.replace(held, facts=facts)
+                self._parts[key] = (held, part)
+            else:
+                held, _ = self._parts.get(key, (None, None))
+        return held
 
     def get(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         found = self.find(generation, index, names)
@@ -188,7 +213,7 @@ class TrainSession:
         worker_id: int,
         supervisor: Any,
         context: TrainContext,
-        keep: Callable[[HeldCheckpoint, Part, bool], None],  # (held, part, copy it to the buddy)
+        keep: Callable[[HeldCheckpoint, Part, bool, Future | None], None],  # (held, part, copy it to the buddy, its facts)
         read_held: Callable[[int, int, list[str]], dict[str, bytes]],
         held_state: Callable[[int, int], dict[str, Any] | None],  # CheckpointMemory.live_state
         persist: Callable[[PartUpload], float | None],
@@ -301,14 +326,13 @@ class TrainSession:
         kept = live is not None and live.state_only
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
-        facts = file_facts(files) if files is not None else {}  # checked wherever the files are served or stored
-        held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states,
-                              facts) if names is not None else None
+        facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
+        held = HeldCheckpoint(self.index, assignment.generation, assignment.rank, names, loader_states) if names is not None else None
         stored = live is not None and not kept  # a live part that the cadence may store
         store = None if live is None else stored and self._checkpointing.persist_due(
             self._live_reports + 1, time.monotonic() - self._live_stored_at)
         report = Report(assignment.generation, self.index, dict(metrics), names, loader_states, dir_name, registered,
-                        mode is CheckpointUploadMode.SYNC, pace, store, facts)
+                        mode is CheckpointUploadMode.SYNC, pace, store)
         # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
         decide = checkpoint is not None and (live is None or dir_name is not None)
         stepped = self._stepped()
@@ -324,7 +348,7 @@ class TrainSession:
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
         if held is not None and (files is not None or live is not None):  # held (and replicated) once agreed
-            self._keep(held, files if files is not None else live, replicate)
+            self._keep(held, files if files is not None else live, replicate, facts)
         if stored:
             self._live_reports += 1
         if not agreed.round_trip:  # the supervisor records it in the background
@@ -346,7 +370,7 @@ class TrainSession:
             return
         self._flush_reports(self._settle_timeout_s)  # the reports before this one are recorded first
         reply = self._supervisor.report.remote(self.worker_id, report)
-        unwind = self._settle(self.index, reply, held, files, live, replicate)  # made: the next generation resumes from it
+        unwind = self._settle(self.index, reply, held, files, facts, live, replicate)  # made: the next generation resumes from it
         unwind = unwind and together
         if checkpoint is not None and mode is not CheckpointUploadMode.ASYNC:
             self._wait_committed(self.index)
@@ -393,7 +417,7 @@ class TrainSession:
                 self._barrier_failed(exc, pending.report.index, held, live, report, stepped)
             pending.send(self._agreed)
             if pending.held is not None and pending.live is not None and pending.report.names is not None:
-                self._keep(pending.held, pending.live, False)
+                self._keep(pending.held, pending.live, False, None)
         return self._agreed
 
     def finish(self) -> None:
@@ -435,7 +459,7 @@ class TrainSession:
         freshest there is: the previous report's live part holds the same tensors, moved on since. The
         supervisor hears of it when this worker parks, and may resume the next generation from it."""
         if held is not None and live is not None and stepped:
-            self._keep(held, live, False)
+            self._keep(held, live, False, None)
             self.unagreed = report
 
     def preemption_info(self) -> PreemptionInfo | None:
@@ -532,7 +556,7 @@ class TrainSession:
             state = dict_from_bytes(self._gather(plan)[STATE_FILE])
         if own is None:
             held = HeldCheckpoint(plan.index, plan.generation, -1, [STATE_FILE], plan.loader_states)
-            self._keep(held, LivePart(state, file=STATE_FILE), False)
+            self._keep(held, LivePart(state, file=STATE_FILE), False, None)
             ray.get(self._supervisor.replica_held.remote(self.worker_id, plan.generation, plan.index, [STATE_FILE]))
         # Copies of the optimizers' tensors: the optimizer would take them as its own and write them,
         # and the held state must stay as reported while it may still serve a recovery.
@@ -551,7 +575,7 @@ class TrainSession:
         return self._step_s + time.monotonic() - self._outside_since
 
     def _settle(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
-                live: LivePart | None, replicate: bool) -> bool:
+                facts: Future[dict[str, dict[str, Any]]] | None, live: LivePart | None, replicate: bool) -> bool:
         """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)
         if not reply.accepted:
@@ -563,29 +587,28 @@ class TrainSession:
             ray.get(self._supervisor.part_persisted.remote(self.worker_id, self.context.assignment.generation, index,
                                                            facts))
         if held is not None and (files is not None or live is not None):
-            facts = held.facts
             if reply.persist and live is not None:
                 files, facts = self._copy_live(held, live, replicate)
                 self._live_reports, self._live_stored_at = 0, time.monotonic()
             part = PartUpload(self.context.assignment.generation, index, files or {}, replaceable=reply.replaceable,
-                              dir_name=reply.dir_name, facts=facts or None)
+                              dir_name=reply.dir_name, facts=facts)
             self._unpersisted = None if reply.persist else (part, live)
             if reply.upload:
                 self._upload(part)
         return reply.unwind
 
     def _copy_live(self, held: HeldCheckpoint, live: LivePart,
-                   replicate: bool) -> tuple[dict[str, bytes], dict[str, dict[str, Any]]]:
-        """The consistent copy of a live part to store, and its files' facts, taken while the loop
-        waits in report(); held in its place."""
+                   replicate: bool) -> tuple[dict[str, bytes], Future[dict[str, dict[str, Any]]]]:
+        """The consistent copy of a live part to store, and its files' facts (on their way), taken
+        while the loop waits in report(); held in its place."""
         files = live.files()
         if files is None:
             raise CheckpointError(
                 f"the tensors of report {held.index}'s Checkpoint.from_dict were written to while report() "
                 "stored them (by another thread of the loop?): report a dict of copies "
                 "({k: v.clone() ...}) if the loop must go on writing them.")
-        facts = file_facts(files)
-        self._keep(dataclasses.replace(held, facts=facts), files, replicate)
+        facts = facts_soon(files)
+        self._keep(held, files, replicate, facts)
         return files, facts
 
     def _upload(self, part: PartUpload) -> None:
