@@ -180,6 +180,129 @@ def test_every_rank_writes_the_same_file_name_and_rank_1_exits(ray_4_cpus, run_d
     assert set(result.world_sizes) == {4}, timeline
 
 
+# == FSDP2 sharded by the loop, DCP saved by every rank (Ray Train's FSDP2 guide) ==================
+FSDP_BATCH = 12  # split equally over 2 or 3 ranks
+
+
+def fsdp_blocks() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)])
+
+
+def fsdp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch: a function of the step alone."""
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(FSDP_BATCH, 64, generator=g), torch.randn(FSDP_BATCH, 64, generator=g)
+
+
+def fsdp2_dcp_loop(config):
+    """The loop as Ray Train's FSDP2 guide writes it: each block and the root sharded by the loop over a
+    1-D mesh of the world, AdamW, every rank saving its shards with DCP every 5th step."""
+    ctx = train.get_context()
+    world, rank = ctx.get_world_size(), ctx.get_world_rank()
+    model = fsdp_blocks()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = AppState(model, optimizer)
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)
+    for step in range(state.step + 1, config["steps"] + 1):
+        if step == config["kill_at"] and rank == 0 and config.get("corrupt") and once(config, "corrupt"):
+            assert corrupt_held_copy(*config["corrupt"]), "rank 0 holds no such copy"
+        if step == config["kill_at"] and rank == config["kill_rank"] and once(config):
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = fsdp_batch(step)
+        per = FSDP_BATCH // world
+        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        state.step = step
+        time.sleep(config["step_time"])
+        progress(config, step, loss=mean.item() / world)
+        if step % 5 == 0:
+            with tempfile.TemporaryDirectory() as checkpoint_dir:
+                dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
+                train.report({"step": step}, checkpoint=Checkpoint.from_directory(checkpoint_dir))
+        else:
+            train.report({"step": step})
+
+
+def fsdp_reference(steps: int) -> dict[int, float]:
+    """The fault-free losses, in this process: the ranks' equal shares averaged are the whole batch."""
+    model = fsdp_blocks()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = {}
+    for step in range(1, steps + 1):
+        x, y = fsdp_batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out[step] = loss.item()
+    return out
+
+
+def assert_fsdp_losses(lines: list[dict], steps: int, timeline: str) -> None:
+    """Every step redone at the same world size has the loss it had the first time; every step, the
+    loss of the fault-free run."""
+    first = {}
+    for p in lines:
+        again = first.setdefault((p["step"], p["world"]), p["loss"])
+        assert p["loss"] == again, f"step {p['step']} redone with loss {p['loss']}, first {again}\n{timeline}"
+    expected = fsdp_reference(steps)
+    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
+             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
+    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
+
+
+def fit_fsdp2(run_dirs: dict, scaling, **config) -> tuple[train.Result, list[dict], str]:
+    """fsdp2_dcp_loop for 20 steps, rank 1 SIGKILLed at step 12; the result, rank 0's lines, the timeline."""
+    config = {"log_dir": run_dirs["log_dir"], "steps": 20, "kill_at": 12, "kill_rank": 1, "step_time": 0.05, **config}
+    result = TorchTrainer(fsdp2_dcp_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=scaling),
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
+                                               failure_config=FailureConfig(max_failures=3))).fit()
+    timeline = assert_finished(result)
+    assert not [e for e in result.events if e["kind"] == "failure"], timeline
+    lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
+    assert {p["step"] for p in lines} == set(range(1, config["steps"] + 1)), timeline
+    assert_fsdp_losses(lines, config["steps"], timeline)
+    return result, lines, timeline
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scaling", [3, (2, 3)], ids=["fixed", "elastic"])
+def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_renumbered_ranks(
+        ray_4_cpus, run_dirs, scaling):
+    """Rank 1 is SIGKILLed at step 12: the survivors (rank 2 renumbered 1) resume checkpoint 10 from
+    memory, each loading the new rank's shards; steps 11 and 12 are redone with their losses."""
+    result, lines, timeline = fit_fsdp2(run_dirs, scaling)
+    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
+    assert resumed and resumed[0]["resume_from"] == "memory" and resumed[0]["resume_index"] == 10, timeline
+    assert steps_redone(lines) <= 2, timeline
+
+
+@pytest.mark.timeout(240)
+def test_a_corrupt_copy_in_memory_is_found_where_it_is_served_and_the_run_resumes_from_storage(ray_4_cpus, run_dirs):
+    """As rank 1 is SIGKILLed at step 12, one byte of rank 0's own copy of its shard of checkpoint 10
+    flips (the only copy left: its replica was rank 1's). The ranks served it find it is not what was
+    reported: the event names it, the generation ends, and the next resumes from storage at 10, every
+    loss that of the fault-free run."""
+    result, lines, timeline = fit_fsdp2(run_dirs, 3, corrupt=(10, "__0_0.distcp"))
+    corrupt = [e for e in result.events if e["kind"] == "checkpoint_copy_corrupt"]
+    assert corrupt and {(e["index"], e["name"]) for e in corrupt} == {(10, "__0_0.distcp")}, timeline
+    assert "does not match its SHA-256" in corrupt[0]["problem"], corrupt
+    generations = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
+    assert [(e["resume_from"], e["resume_index"]) for e in generations] == [("memory", 10), ("storage", 10)], timeline
+
+
 # == 2. Preemption notice in a fixed-size run, rank 0 alone saving ================================
 def rank_0_saves_loop(config):
     torch.manual_seed(0)
@@ -471,126 +594,3 @@ def test_no_checkpoint_with_the_state_kept_live_loses_no_step(local_ray, run_dir
     assert steps_redone(lines) == 0, timeline
     assert read_marker(run_dirs["log_dir"]) and set(result.world_sizes) == {2}, timeline
     assert result.checkpoint is None
-
-
-# == FSDP2 sharded by the loop, DCP saved by every rank (Ray Train's FSDP2 guide) ==================
-FSDP_BATCH = 12  # split equally over 2 or 3 ranks
-
-
-def fsdp_blocks() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)])
-
-
-def fsdp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s global batch: a function of the step alone."""
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(FSDP_BATCH, 64, generator=g), torch.randn(FSDP_BATCH, 64, generator=g)
-
-
-def fsdp2_dcp_loop(config):
-    """The loop as Ray Train's FSDP2 guide writes it: each block and the root sharded by the loop over a
-    1-D mesh of the world, AdamW, every rank saving its shards with DCP every 5th step."""
-    ctx = train.get_context()
-    world, rank = ctx.get_world_size(), ctx.get_world_rank()
-    model = fsdp_blocks()
-    mesh = init_device_mesh("cpu", (world,))
-    for block in model:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    state = AppState(model, optimizer)
-    checkpoint = train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as checkpoint_dir:
-            dcp.load({"app": state}, checkpoint_id=checkpoint_dir)
-    for step in range(state.step + 1, config["steps"] + 1):
-        if step == config["kill_at"] and rank == 0 and config.get("corrupt") and once(config, "corrupt"):
-            assert corrupt_held_copy(*config["corrupt"]), "rank 0 holds no such copy"
-        if step == config["kill_at"] and rank == config["kill_rank"] and once(config):
-            os.kill(os.getpid(), signal.SIGKILL)
-        x, y = fsdp_batch(step)
-        per = FSDP_BATCH // world
-        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        mean = loss.detach().clone()
-        torch.distributed.all_reduce(mean)
-        state.step = step
-        time.sleep(config["step_time"])
-        progress(config, step, loss=mean.item() / world)
-        if step % 5 == 0:
-            with tempfile.TemporaryDirectory() as checkpoint_dir:
-                dcp.save({"app": state}, checkpoint_id=checkpoint_dir)
-                train.report({"step": step}, checkpoint=Checkpoint.from_directory(checkpoint_dir))
-        else:
-            train.report({"step": step})
-
-
-def fsdp_reference(steps: int) -> dict[int, float]:
-    """The fault-free losses, in this process: the ranks' equal shares averaged are the whole batch."""
-    model = fsdp_blocks()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    out = {}
-    for step in range(1, steps + 1):
-        x, y = fsdp_batch(step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        out[step] = loss.item()
-    return out
-
-
-def assert_fsdp_losses(lines: list[dict], steps: int, timeline: str) -> None:
-    """Every step redone at the same world size has the loss it had the first time; every step, the
-    loss of the fault-free run."""
-    first = {}
-    for p in lines:
-        again = first.setdefault((p["step"], p["world"]), p["loss"])
-        assert p["loss"] == again, f"step {p['step']} redone with loss {p['loss']}, first {again}\n{timeline}"
-    expected = fsdp_reference(steps)
-    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
-             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
-    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
-
-
-def fit_fsdp2(run_dirs: dict, scaling, **config) -> tuple[train.Result, list[dict], str]:
-    """fsdp2_dcp_loop for 20 steps, rank 1 SIGKILLed at step 12; the result, rank 0's lines, the timeline."""
-    config = {"log_dir": run_dirs["log_dir"], "steps": 20, "kill_at": 12, "kill_rank": 1, "step_time": 0.05, **config}
-    result = TorchTrainer(fsdp2_dcp_loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=scaling),
-                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
-                                               failure_config=FailureConfig(max_failures=3))).fit()
-    timeline = assert_finished(result)
-    assert not [e for e in result.events if e["kind"] == "failure"], timeline
-    lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
-    assert {p["step"] for p in lines} == set(range(1, config["steps"] + 1)), timeline
-    assert_fsdp_losses(lines, config["steps"], timeline)
-    return result, lines, timeline
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("scaling", [3, (2, 3)], ids=["fixed", "elastic"])
-def test_fsdp2_sharded_by_the_loop_resumes_its_checkpoint_from_memory_on_the_renumbered_ranks(
-        ray_4_cpus, run_dirs, scaling):
-    """Rank 1 is SIGKILLed at step 12: the survivors (rank 2 renumbered 1) resume checkpoint 10 from
-    memory, each loading the new rank's shards; steps 11 and 12 are redone with their losses."""
-    result, lines, timeline = fit_fsdp2(run_dirs, scaling)
-    resumed = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
-    assert resumed and resumed[0]["resume_from"] == "memory" and resumed[0]["resume_index"] == 10, timeline
-    assert steps_redone(lines) <= 2, timeline
-
-
-@pytest.mark.timeout(240)
-def test_a_corrupt_copy_in_memory_is_found_where_it_is_served_and_the_run_resumes_from_storage(ray_4_cpus, run_dirs):
-    """As rank 1 is SIGKILLed at step 12, one byte of rank 0's own copy of its shard of checkpoint 10
-    flips (the only copy left: its replica was rank 1's). The ranks served it find it is not what was
-    reported: the event names it, the generation ends, and the next resumes from storage at 10, every
-    loss that of the fault-free run."""
-    result, lines, timeline = fit_fsdp2(run_dirs, 3, corrupt=(10, "__0_0.distcp"))
-    corrupt = [e for e in result.events if e["kind"] == "checkpoint_copy_corrupt"]
-    assert corrupt and {(e["index"], e["name"]) for e in corrupt} == {(10, "__0_0.distcp")}, timeline
-    assert "does not match its SHA-256" in corrupt[0]["problem"], corrupt
-    generations = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
-    assert [(e["resume_from"], e["resume_index"]) for e in generations] == [("memory", 10), ("storage", 10)], timeline
