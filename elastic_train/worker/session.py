@@ -164,7 +164,7 @@ class CheckpointMemory:
             if self._making.get(key) is making:
                 del self._making[key]
                 held, part = self._parts[key]
-                held = dataclasses.replace(held, facts=facts)
+                held = dataclasses.replace(held, facts={**facts, **held.facts})  # with files merged in since
                 self._parts[key] = (held, part)
             else:
                 held, _ = self._parts.get(key, (None, None))
