@@ -1,0 +1,27 @@
+"""Ray Train's public-API tests that the conformance run leaves out, each with its reason: it reaches
+into Ray's internals, or it asserts something we do differently on purpose (README, "Coming from Ray
+Train"). None is here because it fails. Keys are pytest node ids (a prefix deselects every
+parametrization)."""
+
+from __future__ import annotations
+
+_INTERNALS = "reaches into Ray's internals"
+
+LEFT_OUT: dict[str, str] = {
+    "test_v2_api.py::test_train_v2_import":
+        f"{_INTERNALS}: the RAY_TRAIN_V2_ENABLED switch between Ray's V1 and V2 classes",
+    "test_v2_api.py::test_trainer_restore":
+        "on purpose: TorchTrainer.restore goes on with a stored run (seed 002 restores one), where Ray V2 "
+        "deprecated it",
+    "test_v2_api.py::test_serialized_imports":
+        "on purpose: it imports TensorflowTrainer, XGBoostTrainer and LightGBMTrainer; elastic_train trains "
+        "PyTorch (those names fail with what to use instead)",
+    "test_result.py::test_result_restore[False-True-":
+        f"{_INTERNALS}: the run's folder and filesystem come from Ray's StorageContext",
+    "test_result.py::test_result_restore[True-True-":
+        f"{_INTERNALS}: the run's folder and filesystem come from Ray's StorageContext",
+    "test_result.py::test_result_from_path_validation":
+        f"{_INTERNALS}: it matches the name of Ray's internal run snapshot file in the message",
+    "test_data_parallel_trainer.py::test_setup_working_directory":
+        f"{_INTERNALS}: the working directory Ray's internal session folder gives",
+}
