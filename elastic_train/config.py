@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint.retry import RetryPolicy
-from elastic_train.errors import ConfigError
+from elastic_train.errors import ConfigError, RayDeprecatedError
 
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -23,21 +23,27 @@ _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
 
 
-def _ray_only(fields: dict[str, str]) -> Callable[[type], type]:
+def _ray_only(fields: dict[str, str], deprecated: dict[str, str] | None = None) -> Callable[[type], type]:
     """Fields of Ray Train's config that elastic_train does not have: passing one fails with what to
-    use instead, not with a bare TypeError."""
+    use instead, not with a bare TypeError. Those Ray deprecated (`deprecated`) fail as they do in
+    Ray, with a `DeprecationWarning` (`RayDeprecatedError`)."""
+    deprecated = deprecated or {}
+
     def wrap(cls: type) -> type:
         init = cls.__init__
 
         @functools.wraps(init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for name in sorted(kwargs.keys() & deprecated.keys()):
+                raise RayDeprecatedError(f"{cls.__name__}({name}=...) is deprecated (as in Ray Train): "
+                                         f"{deprecated[name]}.")
             for name in sorted(kwargs.keys() & fields.keys()):
                 raise ConfigError(f"{cls.__name__}({name}=...) is Ray Train's; elastic_train does not support it: "
                                   f"{fields[name]}.")
             init(self, *args, **kwargs)
 
         cls.__init__ = __init__
-        cls.RAY_ONLY_FIELDS = dict(fields)
+        cls.RAY_ONLY_FIELDS = {**fields, **deprecated}
         return cls
     return wrap
 
@@ -51,8 +57,9 @@ def _check_positive(owner: str, name: str, value: float) -> None:
     "use_tpu": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
     "topology": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
     "accelerator_type": "ask for it as a resource, resources_per_worker={'accelerator_type:A100': 0.001}",
-    "trainer_resources": "the supervisor takes no resources, and the driver runs where fit() is called",
     "label_selector": "place workers with custom node resources in resources_per_worker",
+}, deprecated={
+    "trainer_resources": "the supervisor takes no resources, and the driver runs where fit() is called",
 })
 @dataclass(frozen=True)
 class ScalingConfig:
@@ -119,6 +126,12 @@ class ScalingConfig:
     def max_workers(self) -> int:
         return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
+    @property
+    def total_resources(self) -> dict[str, float]:
+        """The Ray resources the run's workers ask for at most (`max` workers of an elastic run), as in
+        Ray Train (the supervisor asks for none)."""
+        return {k: v * self.max_workers for k, v in self.worker_resources().items() if v}
+
     def worker_resources(self) -> dict[str, float]:
         """The Ray resources one worker actor asks for (1 CPU, plus 1 GPU with use_gpu)."""
         resources = {"CPU": 1.0}
@@ -134,7 +147,8 @@ class ScalingConfig:
                                        "(see get_preemption_info)",
     "preemption_grace_s": "a worker under SIGTERM stays up ElasticConfig.preemption_sigterm_grace_s to hand "
                           "its state over",
-    "fail_fast": "Ray deprecated it; max_failures=0 (the default) fails the run on the first error",
+}, deprecated={
+    "fail_fast": "max_failures=0 (the default) fails the run on the first error",
 })
 @dataclass(frozen=True)
 class FailureConfig:
@@ -157,11 +171,10 @@ class FailureConfig:
                 raise ConfigError(f"FailureConfig.{name}={value!r}: use an integer >= 0, or -1 for no limit.")
 
 
-@_ray_only({
-    "checkpoint_frequency": "Ray deprecated it; report a checkpoint when you want one (store only every n-th "
-                            "with persist_every_n_reports=n)",
-    "checkpoint_at_end": "Ray deprecated it; report a checkpoint at the end of the loop (the last one "
-                         "reported is always stored)",
+@_ray_only({}, deprecated={
+    "checkpoint_frequency": "report a checkpoint when you want one (store only every n-th with "
+                            "persist_every_n_reports=n)",
+    "checkpoint_at_end": "report a checkpoint at the end of the loop (the last one reported is always stored)",
 })
 @dataclass(frozen=True)
 class CheckpointConfig:
@@ -320,8 +333,12 @@ class ElasticConfig:
     metrics_interval_s: float = 5.0
     """How often the supervisor samples the metrics that change between events (heartbeat ages,
     goodput, the step rate) for Prometheus (`supervisor/metrics.py`); Ray's agent exports every 10 s."""
+    verbosity: int = 1
+    """What `fit()` shows as the run goes (`progress.py`): 0 nothing, 1 a live status line and the
+    events that change the run, 2 also every report and every event. (Ray Train deprecated its
+    `RunConfig(verbose=...)`; this is ours.)"""
     progress_interval_s: float = 10.0
-    """When stdout is not a terminal, how often `fit()` prints a status line (RunConfig.verbose)."""
+    """When stdout is not a terminal, how often `fit()` prints a status line (`verbosity` >= 1)."""
     run_record_interval_s: float = 5.0
     """How often the driver writes the run record (rank 0's metrics) to the run's folder
     while the run goes on (`run_record.py`), so `Result.from_path` finds them if the driver dies; also
@@ -340,6 +357,9 @@ class ElasticConfig:
         for name in ("straggler_reports", "memory_growth_reports"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"ElasticConfig.{name}={getattr(self, name)!r}: use a whole number of reports >= 1.")
+        if self.verbosity not in (0, 1, 2):
+            raise ConfigError(f"ElasticConfig.verbosity={self.verbosity!r}: use 0 (quiet), 1 (status and events) "
+                              "or 2 (all).")
         if self.memory_growth_min_mb < 0:
             raise ConfigError(f"ElasticConfig.memory_growth_min_mb={self.memory_growth_min_mb!r} must be >= 0.")
         if self.process_group_destroy_timeout_s >= self.rendezvous_timeout_s:
@@ -393,10 +413,12 @@ class ElasticConfig:
     "storage_filesystem": "pass an fsspec URL as storage_path and its options as storage_options",
     "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
     "logging_config": "configure Python's logging in the loop",
+}, deprecated={
     "sync_config": "checkpoints are written to storage_path directly",
-    "progress_reporter": "Ray deprecated it; follow reports with a UserCallback in RunConfig(callbacks=[...])",
-    "log_to_file": "Ray deprecated it; configure Python's logging in the loop",
-    "stop": "Ray deprecated it; stop from a UserCallback (raise in after_report) or with TorchTrainer.stop()",
+    "progress_reporter": "follow reports with a UserCallback in RunConfig(callbacks=[...])",
+    "log_to_file": "configure Python's logging in the loop",
+    "stop": "stop from a UserCallback (raise in after_report) or with TorchTrainer.stop()",
+    "verbose": "what fit() shows is ElasticConfig(verbosity=0, 1 or 2)",
 })
 @dataclass(frozen=True)
 class RunConfig:
@@ -410,13 +432,8 @@ class RunConfig:
     storage_options: Mapping[str, Any] | None = None
     callbacks: list[UserCallback] | None = None
     """Called in the driver process as the run goes (`callbacks.py`)."""
-    verbose: int = 1
-    """What `fit()` shows as the run goes (`progress.py`): 0 nothing, 1 a live status line and the
-    events that change the run, 2 also every report and every event."""
 
     def __post_init__(self) -> None:
-        if self.verbose not in (0, 1, 2):
-            raise ConfigError(f"RunConfig.verbose={self.verbose!r}: use 0 (quiet), 1 (status and events) or 2 (all).")
         wrong = [type(c).__name__ for c in self.callbacks or () if not isinstance(c, UserCallback)]
         if wrong:
             raise ConfigError(

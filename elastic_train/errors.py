@@ -12,6 +12,11 @@ class ConfigError(ValueError):
     """A configuration is invalid; the message names the problem and the fix."""
 
 
+class RayDeprecatedError(ConfigError, DeprecationWarning):
+    """A setting Ray Train deprecated. Ray raises a `DeprecationWarning` for it, and so does this (it is
+    both), with what to use instead."""
+
+
 class TrainingFailedError(RuntimeError):
     """The run failed (Ray Train's `ray.train.TrainingFailedError`): `fit()` raises one of its
     subclasses, `WorkerGroupError`, `ControllerError` or `PreemptionError`.

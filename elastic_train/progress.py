@@ -1,10 +1,10 @@
-"""What `fit()` shows while the run goes (`RunConfig(verbose=...)`): a live status line (step, the
+"""What `fit()` shows while the run goes (`ElasticConfig(verbosity=...)`): a live status line (step, the
 metrics rank 0 reported, world size, generation, newest committed checkpoint, time elapsed) and a
 line per event that changes the run (a worker lost or joined, a resize, a notice, a straggler).
 
 On a terminal the status line stays at the bottom and is redrawn in place (rich's `Live`); when
 stdout is not a terminal (a log file, CI) the status is a plain line every
-`ElasticConfig.progress_interval_s`. verbose=0 shows nothing, 1 the above, 2 also every commit and
+`ElasticConfig.progress_interval_s`. verbosity 0 shows nothing, 1 the above, 2 also every commit and
 every other event, and a line per report.
 """
 
@@ -23,7 +23,7 @@ from elastic_train.protocol import Feed
 
 logger = logging.getLogger(__name__)
 
-SHOWN = {  # event kind -> how verbose=1 shows it; other kinds at verbose=2
+SHOWN = {  # event kind -> how verbosity 1 shows it; other kinds at verbosity 2
     "generation": lambda e: (f"generation {e['generation']}: world size {e['world_size']}, "
                              + ("adopted by the restarted supervisor" if e.get("adopted") else
                                 f"resumed from {e['resume_from']} at report {e['resume_index']}"
@@ -58,27 +58,27 @@ def event_details(event: dict[str, Any]) -> str:
 class Progress:
     """Shows a run's feed; `close()` when `fit()` ends."""
 
-    def __init__(self, name: str, verbose: int, interval_s: float, console: Console | None = None,
+    def __init__(self, name: str, verbosity: int, interval_s: float, console: Console | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self._name, self._verbose, self._interval_s, self._clock = name, verbose, interval_s, clock
+        self._name, self._verbosity, self._interval_s, self._clock = name, verbosity, interval_s, clock
         self._console = console or Console()
         self._started = self._last_plain = clock()
         self._index, self._metrics, self._world, self._generation, self._committed = 0, {}, 0, -1, None
         self._live = (Live(self._status(), console=self._console, auto_refresh=False, transient=False)
-                      if verbose and self._console.is_terminal else None)
+                      if verbosity and self._console.is_terminal else None)
         if self._live is not None:
             self._live.start()
 
     def update(self, feed: Feed) -> None:
         """Show what `feed` brings; a display that fails (a closed stdout, an event of an unknown
         shape) is turned off with a warning: it must never stop the run."""
-        if not self._verbose:
+        if not self._verbosity:
             return
         try:
             self._show(feed)
         except Exception as exc:  # noqa: BLE001 - see above
             logger.warning("the run's progress display is off: %r", exc)
-            live, self._live, self._verbose = self._live, None, 0
+            live, self._live, self._verbosity = self._live, None, 0
             if live is not None:
                 with contextlib.suppress(Exception):
                     live.stop()
@@ -89,7 +89,7 @@ class Progress:
             self._metrics = report.metrics[0] if report.metrics else {}
             if report.checkpoint is not None:
                 self._committed = report.checkpoint.index
-            if self._verbose >= 2:
+            if self._verbosity >= 2:
                 self._line(f"report {report.index}: {format_metrics(self._metrics)}")
         for event in feed.events:
             if event["kind"] == "generation":
@@ -97,7 +97,7 @@ class Progress:
             shown = SHOWN.get(event["kind"])
             if shown is not None:
                 self._line(shown(event))
-            elif self._verbose >= 2:
+            elif self._verbosity >= 2:
                 self._line(f"{event['kind']}: {event_details(event)}")
         if self._live is not None:
             self._live.update(self._status(), refresh=True)
@@ -108,7 +108,7 @@ class Progress:
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
-        elif self._verbose:
+        elif self._verbosity:
             self._console.print(self._status(), highlight=False, soft_wrap=True)
 
     def _line(self, text: str) -> None:

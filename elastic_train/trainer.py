@@ -311,7 +311,7 @@ class TorchTrainer:
             self._supervisor, stop_reason = supervisor, self._stop_reason
         if stop_reason is not None:
             supervisor.stop_run.remote(stop_reason)
-        progress = Progress(name, run.verbose, elastic.progress_interval_s)
+        progress = Progress(name, elastic.verbosity, elastic.progress_interval_s)
         try:
             summary = _follow(supervisor, _Dispatch(callbacks, record, storage, progress), record,
                               elastic.run_record_interval_s)

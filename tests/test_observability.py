@@ -224,9 +224,9 @@ LOST = {"kind": "worker_lost", "worker_id": 3, "rank": 1, "pid": 99, "cause": "d
 COMMITTED = {"kind": "checkpoint_committed", "index": 5}
 
 
-def _shown(verbose: int, terminal: bool, feeds: list[Feed], clock: list[float]) -> str:
+def _shown(verbosity: int, terminal: bool, feeds: list[Feed], clock: list[float]) -> str:
     out = io.StringIO()
-    progress = Progress("demo", verbose, 10.0, Console(file=out, width=200, force_terminal=terminal),
+    progress = Progress("demo", verbosity, 10.0, Console(file=out, width=200, force_terminal=terminal),
                         clock=lambda: clock[0])
     for feed in feeds:
         clock[0] += 6
@@ -260,9 +260,9 @@ def test_progress_on_a_terminal_redraws_its_status_line():
 
 
 @pytest.mark.timeout(10)
-def test_verbose_is_checked():
-    with pytest.raises(et.ConfigError, match=r"RunConfig.verbose=5: use 0 \(quiet\), 1"):
-        et.RunConfig(verbose=5)
+def test_verbosity_is_checked():
+    with pytest.raises(et.ConfigError, match=r"ElasticConfig.verbosity=5: use 0 \(quiet\), 1"):
+        et.ElasticConfig(verbosity=5)
 
 
 class _ClosedStream(io.StringIO):

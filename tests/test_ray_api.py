@@ -686,12 +686,36 @@ def test_a_ray_style_loop_runs_with_these_names(local_ray, run_dirs):
     (lambda: train.RunConfig(storage_filesystem=object()), "storage_filesystem"),
     (lambda: train.RunConfig(worker_runtime_env={}), "worker_runtime_env"),
     (lambda: train.ScalingConfig(num_workers=2, use_tpu=True), "use_tpu"),
-    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1}), "trainer_resources"),
+    (lambda: train.ScalingConfig(label_selector={"zone": "a"}), "label_selector"),
     (lambda: train.FailureConfig(controller_failure_limit=3), "controller_failure_limit"),
 ])
 def test_ray_only_config_fields_say_what_to_use_instead(make, field):
     with pytest.raises(train.ConfigError, match=rf"\({field}=\.\.\.\) is Ray Train's; elastic_train does not support it: \w"):
         make()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("make, field", [
+    (lambda: train.FailureConfig(fail_fast=True), "fail_fast"),
+    (lambda: train.RunConfig(verbose=0), "verbose"),
+    (lambda: train.RunConfig(stop={"step": 3}), "stop"),
+    (lambda: train.ScalingConfig(trainer_resources={"CPU": 1}), "trainer_resources"),
+    (lambda: train.CheckpointConfig(checkpoint_frequency=2), "checkpoint_frequency"),
+])
+def test_fields_ray_deprecated_raise_a_deprecation_warning_as_in_ray(make, field):
+    """Ray raises `DeprecationWarning` for them: so do we, with what to use instead (and a ConfigError)."""
+    with pytest.raises(DeprecationWarning, match=rf"\({field}=\.\.\.\) is deprecated \(as in Ray Train\): \w"):
+        make()
+    with pytest.raises(train.ConfigError):
+        make()
+
+
+@pytest.mark.timeout(10)
+def test_scaling_config_total_resources_is_what_the_workers_ask_for_at_most():
+    assert ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 1, "GPU": 1}).total_resources == {
+        "CPU": 2, "GPU": 2}
+    assert ScalingConfig(num_workers=(1, 3)).total_resources == {"CPU": 3}
+    assert ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "memory": 0}).total_resources == {"CPU": 1}
 
 
 # == 3. report() and its keywords ==================================================================

@@ -39,7 +39,7 @@ TRAIN_SCRIPT = textwrap.dedent('''
     import torch
 
     import elastic_train as train
-    from elastic_train import Checkpoint, RunConfig, ScalingConfig
+    from elastic_train import Checkpoint, ElasticConfig, RunConfig, ScalingConfig
     from elastic_train.torch import TorchTrainer, prepare_model
 
 
@@ -83,7 +83,7 @@ TRAIN_SCRIPT = textwrap.dedent('''
             train_func,
             train_loop_config={"steps": %d, "log_dir": log_dir},
             scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(name="cli-run", storage_path=storage, verbose=0),
+            run_config=RunConfig(name="cli-run", storage_path=storage, elastic_config=ElasticConfig(verbosity=0)),
         )
         result = trainer.fit()
         print("FINISHED", json.dumps({"step": result.metrics["step"], "world_sizes": result.world_sizes}))
