@@ -13,7 +13,8 @@ from elastic_train.callbacks import TrainRunContext, UserCallback
 from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
                                   TrainingFailedError, WorkerGroupError)
 from elastic_train.result import Result
-from elastic_train.trainer import TorchTrainer
+from elastic_train.backend import BackendConfig
+from elastic_train.trainer import DataParallelTrainer, TorchTrainer
 from elastic_train.worker.context import TrainContext
 from elastic_train.unsupported import UnsupportedAPIError
 # Ray Train names that elastic_train does not provide fail with what to use instead (unsupported.py).
@@ -21,7 +22,9 @@ from elastic_train.unsupported import ray_train_getattr as __getattr__  # noqa: 
 from elastic_train import torch  # noqa: E402,F401 - `elastic_train.torch.prepare_model`, as `ray.train.torch`
 
 __all__ = [
+    "DataParallelTrainer",
     "TorchTrainer",
+    "BackendConfig",
     "ScalingConfig",
     "RunConfig",
     "FailureConfig",

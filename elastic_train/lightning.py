@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from elastic_train.api import get_context, report
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.modes import CheckpointUploadMode
+from elastic_train.errors import ConfigError
 from elastic_train.torch.data import ElasticDataLoader, prepare_data_loader
 from elastic_train.torch.model import get_device
 from elastic_train.unsupported import unsupported_getattr
@@ -326,11 +327,20 @@ class RayTrainReportCallback(_ForLightning):
         self._reported_step = trainer.global_step
 
 
+class RayFSDPStrategy(_ForLightning):
+    """Ray's FSDP strategy, taken so that code naming it runs (Ray's own tests build one beside
+    RayDDPStrategy whichever they use), and refused when a Trainer sets it up."""
+
+    _counterpart = "strategies.FSDPStrategy"
+
+    def setup_environment(self) -> None:
+        raise ConfigError(
+            "RayFSDPStrategy is not supported: torch's FullyShardedDataParallel refuses CPU devices (\"FSDP needs a "
+            "non-CPU accelerator device\"), so it cannot run on the gloo workers this integration is built and "
+            "tested on. Use RayDDPStrategy (add global_batch_size=... for world-size-independent steps).")
+
+
 _UNSUPPORTED = {
-    "RayFSDPStrategy": (
-        "torch's FullyShardedDataParallel refuses CPU devices (\"FSDP needs a non-CPU accelerator device\"), so it "
-        "cannot run on the gloo workers this integration is built and tested on. Use RayDDPStrategy (add "
-        "global_batch_size=... for world-size-independent steps)."),
     "RayDeepSpeedStrategy": (
         "DeepSpeed's ZeRO checkpoints are partitioned by world size, so a run cannot resume in place at another "
         "size from them, and DeepSpeed is not installed with elastic_train. Use RayDDPStrategy."),
@@ -346,4 +356,4 @@ _UNSUPPORTED = {
 }
 __getattr__ = unsupported_getattr("elastic_train.lightning", "ray.train.lightning", _UNSUPPORTED)
 
-__all__ = ["RayDDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"]
+__all__ = ["RayDDPStrategy", "RayFSDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"]

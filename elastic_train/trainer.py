@@ -1,6 +1,7 @@
-"""`TorchTrainer`: validates the user's input, starts the supervisor, follows the run from the
-driver (callbacks, the run record), and turns its summary into a `Result` or the error `fit()`
-raises. Everything that can be wrong with the input fails here, before any actor starts."""
+"""`DataParallelTrainer` and `TorchTrainer`: validate the user's input, start the supervisor, follow
+the run from the driver (callbacks, the run record), and turn its summary into a `Result` or the
+error `fit()` raises. Everything that can be wrong with the input fails here, before any actor
+starts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Callable, Mapping
 import ray
 from ray import cloudpickle
 
+from elastic_train.backend import BackendConfig, check_backend
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.config import (
     CheckpointConfig,
@@ -28,6 +30,7 @@ from elastic_train.config import (
     checked_options,
 )
 from elastic_train.callbacks import CallbackRunner, TrainRunContext
+from elastic_train.constants import chdir_to_trial_dir
 from elastic_train.errors import ConfigError, ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed
@@ -106,11 +109,13 @@ def attach(run_name: str) -> Any:
     return ray.get_actor(supervisor_name(run_name), namespace=ACTOR_NAMESPACE)
 
 
-class TorchTrainer:
+class DataParallelTrainer:
     """Runs `train_loop_per_worker` on elastic, fault-tolerant workers (Ray Train's API).
 
-    `torch_config` sets up each generation's process group (backend; its `timeout_s` replaces
-    `ElasticConfig.collective_timeout_s`). `metadata` reaches the loop as
+    Each generation's workers form a `torch.distributed` group (report()'s barrier is an all-reduce
+    over it): a `TorchConfig` as `backend_config` sets it up (backend; its `timeout_s` replaces
+    `ElasticConfig.collective_timeout_s`); a backend with hooks of its own is refused (backend.py).
+    `metadata` reaches the loop as
     `get_context().get_metadata()`. `resume_from_checkpoint` is what `get_checkpoint()` returns when
     the run has no checkpoint of its own yet (in storage, from an earlier run with this name, or in
     the workers' memory); a dict checkpoint travels with the run, a directory one must be readable
@@ -124,7 +129,7 @@ class TorchTrainer:
         train_loop_per_worker: Callable[..., Any],
         *,
         train_loop_config: dict[str, Any] | None = None,
-        torch_config: TorchConfig | None = None,
+        backend_config: BackendConfig | None = None,
         scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
         run_config: RunConfig | Mapping[str, Any] | None = None,
         datasets: Mapping[str, Any] | None = None,
@@ -136,13 +141,16 @@ class TorchTrainer:
         for arg, value, instead in (("datasets", datasets, "DataConfig"), ("dataset_config", dataset_config,
                                     "DataConfig"), ("validation_config", validation_config, "ValidationConfig")):
             if value:
-                raise ConfigError(f"TorchTrainer({arg}=...): {TRAIN_NAMES[instead]}")
+                raise ConfigError(f"{type(self).__name__}({arg}=...): {TRAIN_NAMES[instead]}")
         self._loop_takes_config = _check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
-        if torch_config is not None and not isinstance(torch_config, TorchConfig):
-            raise ConfigError(f"torch_config must be an elastic_train.torch.TorchConfig, got {type(torch_config).__name__}.")
-        self.torch_config = torch_config
+        if backend_config is not None and not isinstance(backend_config, self._BACKEND_CLASS):
+            raise ConfigError(f"{self._BACKEND_ARGUMENT} must be an {self._BACKEND_PATH}, got "
+                              f"{type(backend_config).__name__}.")
+        if backend_config is not None:
+            check_backend(backend_config)
+        self.backend_config = backend_config
         self.scaling_config: ScalingConfig = _as_config(ScalingConfig, scaling_config, "scaling_config")
         self.run_config: RunConfig = _as_config(RunConfig, run_config, "run_config")
         self.metadata = _checked_metadata(metadata)
@@ -150,8 +158,16 @@ class TorchTrainer:
             raise ConfigError("resume_from_checkpoint must be an elastic_train.Checkpoint, got "
                               f"{type(resume_from_checkpoint).__name__}.")
         self.resume_from_checkpoint = resume_from_checkpoint
-        self._backend = (torch_config or TorchConfig()).resolve_backend(self.scaling_config.use_gpu)
+        torch_config = backend_config if isinstance(backend_config, TorchConfig) else TorchConfig()
+        self._backend = torch_config.resolve_backend(self.scaling_config.use_gpu)
         self._init_run_state()
+
+    # How the constructor takes the backend's config.
+    _BACKEND_ARGUMENT, _BACKEND_CLASS, _BACKEND_PATH = "backend_config", BackendConfig, "elastic_train.BackendConfig"
+
+    @property
+    def _torch_config(self) -> TorchConfig | None:
+        return self.backend_config if isinstance(self.backend_config, TorchConfig) else None
 
     def _init_run_state(self) -> None:
         """What `stop()` shares with the `fit()` under way (not pickled: each copy fits on its own)."""
@@ -180,7 +196,7 @@ class TorchTrainer:
         *,
         storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
-    ) -> "TorchTrainer":
+    ) -> "DataParallelTrainer":
         """A trainer that goes on with the run stored at `path` (a `Result.path`), from its newest
         committed checkpoint; its `fit()` is the run's next.
 
@@ -188,7 +204,7 @@ class TorchTrainer:
         the run's `trainer.pkl`, which `fit()` wrote with cloudpickle. **This unpickles, that is
         runs, code read from storage: only restore runs from storage that only you can write.** The
         loop's module must be importable here. Pass the loop to read nothing but JSON and manifests.
-        `kwargs` (any `TorchTrainer` argument: `run_config` to add callbacks, `train_loop_config`,
+        `kwargs` (any argument of the trainer: `run_config` to add callbacks, `train_loop_config`,
         `scaling_config`, ...) replace the stored ones. `storage_options` (or those of the
         `run_config` passed) open the path: credentials are never stored in the run's folder.
         """
@@ -199,7 +215,7 @@ class TorchTrainer:
         storage = RunStorage.at(path, storage_options)
         if not _is_run(storage):
             raise ConfigError(
-                f"TorchTrainer.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
+                f"{cls.__name__}.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
                 "the folder of an earlier run (its Result.path), with the storage_options it used."
             )
         if train_loop_per_worker is None:
@@ -244,7 +260,7 @@ class TorchTrainer:
         """
         with self._lock:
             if self._fitting:
-                raise ConfigError("fit() is already running on this trainer; make another TorchTrainer to run another.")
+                raise ConfigError("fit() is already running on this trainer; make another trainer to run another.")
             self._fitting = True
             self._idle.clear()
         try:
@@ -256,10 +272,10 @@ class TorchTrainer:
 
     def _fit(self) -> Result:
         run = self.run_config
-        name = run.name or f"TorchTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
+        name = run.name or f"{self._name}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}"
         elastic = run.elastic_config or ElasticConfig()
-        if self.torch_config is not None:
-            elastic = dataclasses.replace(elastic, collective_timeout_s=float(self.torch_config.timeout_s))
+        if self._torch_config is not None:
+            elastic = dataclasses.replace(elastic, collective_timeout_s=float(self._torch_config.timeout_s))
         storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry())
         if storage.process_local:
             raise ConfigError(
@@ -278,6 +294,7 @@ class TorchTrainer:
             run=RunInfo(name, trial_name, trial_id, self.metadata, run_id),
             checkpointing=run.checkpoint_config or CheckpointConfig(),
             initial_checkpoint=self.resume_from_checkpoint,
+            chdir=chdir_to_trial_dir(),
         )
         if not ray.is_initialized():
             ray.init()
@@ -292,7 +309,7 @@ class TorchTrainer:
         callbacks = CallbackRunner(list(run.callbacks or ()), TrainRunContext(
             run_id=run_id, name=name, path=storage.url(), run_config=run,
             train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
-            torch_config=self.torch_config or TorchConfig(), metadata=self.metadata, trial_name=trial_name,
+            torch_config=self._torch_config or TorchConfig(), metadata=self.metadata, trial_name=trial_name,
             trial_id=trial_id))
         supervisor = ray.remote(Supervisor).options(
             name=supervisor_name(name), namespace=ACTOR_NAMESPACE, num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
@@ -355,20 +372,20 @@ class TorchTrainer:
         run["callbacks"] = [type(c).__name__ for c in run["callbacks"] or ()]
         run["storage_options"] = sorted(run["storage_options"] or ())
         return {"train_loop_config": self.train_loop_config, "scaling_config": self.scaling_config, "run_config": run,
-                "torch_config": self.torch_config, "metadata": self.metadata}
+                self._BACKEND_ARGUMENT: self.backend_config, "metadata": self.metadata}
 
     def _stored_arguments(self) -> dict[str, Any]:
         """What `trainer.pkl` keeps for `restore()`: the loop and the arguments of a new trainer,
         without callbacks (objects of the driver's), storage credentials or resume_from_checkpoint
         (a restored run resumes from its own checkpoints)."""
         return {"train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
-                "torch_config": self.torch_config, "scaling_config": self.scaling_config,
+                self._BACKEND_ARGUMENT: self.backend_config, "scaling_config": self.scaling_config,
                 "run_config": dataclasses.replace(self.run_config, callbacks=None, storage_options=None),
                 "metadata": self.metadata}
 
     # -- Ray Tune: `tune.Tuner(TorchTrainer(...), param_space=...)` runs this trainer as a trainable
     # (Tune's wrap_function reads `__call__` and `__mixins__`; `_name` names the experiment and its trials).
-    _name = "TorchTrainer"
+    _name = "DataParallelTrainer"
 
     def __call__(self, config: dict[str, Any]) -> None:
         """One Tune trial: fit this trainer with the trial's config over its arguments (elastic_train.tune)."""
@@ -382,6 +399,37 @@ class TorchTrainer:
         from elastic_train.tune import TrialMixin
 
         return (TrialMixin,)
+
+
+class TorchTrainer(DataParallelTrainer):
+    """A `DataParallelTrainer` whose backend is a `TorchConfig` (Ray Train's `TorchTrainer`):
+    `torch_config` sets up each generation's process group."""
+
+    _BACKEND_ARGUMENT, _BACKEND_CLASS, _BACKEND_PATH = "torch_config", TorchConfig, "elastic_train.torch.TorchConfig"
+    _name = "TorchTrainer"
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        torch_config: TorchConfig | None = None,
+        scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
+        run_config: RunConfig | Mapping[str, Any] | None = None,
+        datasets: Mapping[str, Any] | None = None,
+        dataset_config: Any = None,
+        validation_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+    ):
+        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, backend_config=torch_config,
+                         scaling_config=scaling_config, run_config=run_config, datasets=datasets,
+                         dataset_config=dataset_config, validation_config=validation_config, metadata=metadata,
+                         resume_from_checkpoint=resume_from_checkpoint)
+
+    @property
+    def torch_config(self) -> TorchConfig | None:
+        return self.backend_config
 
 
 def _checked_metadata(metadata: Any) -> dict[str, Any]:
@@ -497,4 +545,4 @@ def _follow(supervisor: Any, dispatch: _Dispatch, record: RunRecord, interval_s:
         raise
 
 
-__all__ = ["TorchTrainer", "Checkpoint"]
+__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint"]

@@ -30,10 +30,6 @@ TRAIN_NAMES: Mapping[str, str] = {
         "there is nothing to sync (Ray deprecated it too): workers write checkpoints straight to "
         "RunConfig(storage_path=...), any fsspec URL, with credentials in RunConfig(storage_options=...)."
     ),
-    "BackendConfig": (
-        "elastic_train runs PyTorch only: configure its process group with "
-        "elastic_train.torch.TorchConfig(backend=..., timeout_s=...)."
-    ),
     "LoggingConfig": (
         "set the level of the 'elastic_train' logger with the logging module, in the driver and in the "
         "training loop: logging.getLogger('elastic_train').setLevel('DEBUG')."

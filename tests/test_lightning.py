@@ -73,8 +73,10 @@ def test_classes_follow_the_lightning_package_of_the_calling_code():
         assert environment.creates_processes_externally
         assert type(strategy).__name__ == "RayDDPStrategy" and strategy.global_batch_size == 8
         del pl
-    with pytest.raises(et.UnsupportedAPIError, match="non-CPU accelerator"):
-        et_lightning.RayFSDPStrategy  # noqa: B018 (the attribute's lookup raises)
+    fsdp = et_lightning.RayFSDPStrategy()  # built, as Ray's own tests build one beside RayDDPStrategy
+    assert isinstance(fsdp, tuple(importlib.import_module(p).strategies.FSDPStrategy for p in PACKAGES))
+    with pytest.raises(et.ConfigError, match="RayFSDPStrategy is not supported: .*non-CPU accelerator"):
+        fsdp.setup_environment()  # what a Trainer calls first as it sets the strategy up
     with pytest.raises(et.UnsupportedAPIError, match="partitioned by world size"):
         et_lightning.RayDeepSpeedStrategy  # noqa: B018
     for removed in ("LightningTrainer", "LightningConfigBuilder", "LightningCheckpoint", "LightningPredictor"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_train.backend import BackendConfig
 from elastic_train.errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
@@ -12,7 +13,7 @@ INIT_METHODS = ("env", "tcp")
 
 
 @dataclass(frozen=True)
-class TorchConfig:
+class TorchConfig(BackendConfig):
     """How each generation's `torch.distributed` process group is set up; validated on construction.
 
     `backend`: "nccl" or "gloo"; None (the default) picks NCCL when the run uses GPUs, else gloo,

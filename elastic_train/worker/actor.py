@@ -60,6 +60,7 @@ class WorkerSpec:
     run: RunInfo
     checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
     initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
+    chdir: bool = True  # the loop runs in the run's working directory (RAY_CHDIR_TO_TRIAL_DIR=0: it does not)
 
 
 def free_port() -> int:
@@ -267,7 +268,8 @@ class TrainWorker:
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
                     assignment.rank, assignment.world_size)
         try:
-            os.chdir(session.context.working_dir())
+            if self._spec.chdir:
+                os.chdir(session.context.working_dir())
             if self._spec.train_config is None:
                 returned = self._spec.train_fn()
             else:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 
 from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.constants import working_dirs_root
 from elastic_train.protocol import Assignment
 
 
@@ -146,6 +146,6 @@ class TrainContext:
         <run name>_<hash of the run's storage folder>` (the hash tells apart runs of one name stored
         elsewhere)."""
         digest = hashlib.sha1(self.get_trial_dir().encode()).hexdigest()[:8]
-        path = os.path.join(tempfile.gettempdir(), "elastic_train", "working_dirs", f"{self.run.name}_{digest}")
+        path = os.path.join(working_dirs_root(), f"{self.run.name}_{digest}")
         os.makedirs(path, exist_ok=True)
         return path

@@ -21,10 +21,13 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import ray
+
 from tests.ray_conformance.left_out import LEFT_OUT
 from tests.ray_conformance.port import SHARED_PACKAGE, port, shared_module, shared_modules_in
 
 ROOT = Path(__file__).resolve().parents[2]
+INSTALLED_RAY = Path(ray.__file__).parent
 FILES = ("test_torch_trainer.py", "test_v2_api.py", "test_result.py", "test_data_parallel_trainer.py",
          "test_persistence.py", "test_lightning_integration.py", "test_user_callback.py")
 TEST_TIMEOUT_S = 300
@@ -49,7 +52,10 @@ def prepare(ray_source: Path, folder: Path, to_elastic_train: bool) -> list[str]
         if module in done:
             continue
         done.add(module)
-        source = ray_source.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        parts = module.split(".")[1:]
+        source = ray_source.joinpath(*parts).with_suffix(".py")
+        if not source.exists():  # Ray's examples are in its wheel too
+            source = INSTALLED_RAY.joinpath(*parts).with_suffix(".py")
         text = source.read_text()
         (folder / SHARED_PACKAGE / f"{shared_module(module).split('.', 1)[1]}.py").write_text(
             port(text, to_elastic_train))
