@@ -40,7 +40,7 @@ def report(
     if not isinstance(metrics, dict):
         raise TypeError(f"report(metrics) needs a dict, got {type(metrics).__name__}.")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise TypeError(f"report(checkpoint=...) needs an elastic_train.Checkpoint, got {type(checkpoint).__name__}.")
+        checkpoint = Checkpoint.from_ray(checkpoint)
     if validation:
         raise NotImplementedError(
             "report(validation=...) is not supported by elastic_train: validate in the loop (or in a "

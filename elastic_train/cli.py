@@ -55,7 +55,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 def _result(run_path: str, options: dict[str, Any]) -> Result:
     try:
-        return Result.from_path(run_path, options)
+        return Result.from_path(run_path, storage_options=options)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from elastic_train.callbacks import UserCallback
+from elastic_train.checkpoint.filesystems import as_fsspec
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import ConfigError, RayDeprecatedError
 
@@ -67,7 +68,8 @@ class ScalingConfig:
 
     `num_workers` is either a fixed count or a `(min, max)` range: the run starts with as many as the
     cluster can place (at least `min`), shrinks when workers are lost and grows back to `max` when
-    capacity appears.
+    capacity appears. 0 is Ray Train's local mode, which runs the loop in the driver's process; here
+    it runs in one worker (every worker is a Ray actor, whose process outlives its generations).
     """
 
     num_workers: int | tuple[int, int] = 1
@@ -102,10 +104,10 @@ class ScalingConfig:
                     f"ScalingConfig.num_workers={n!r}: min {lo} is greater than max {hi}; "
                     f"write num_workers=({hi}, {lo})."
                 )
-        elif not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        elif not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ConfigError(
-                f"ScalingConfig.num_workers={n!r}: need at least 1 worker, as an integer or a (min, max) "
-                "range, e.g. num_workers=2 or num_workers=(1, 2)."
+                f"ScalingConfig.num_workers={n!r}: need a number of workers (0: Ray's local mode, one worker "
+                "here), or a (min, max) range, e.g. num_workers=2 or num_workers=(1, 2)."
             )
         if self.placement_strategy not in _PLACEMENT_STRATEGIES:
             raise ConfigError(
@@ -120,11 +122,11 @@ class ScalingConfig:
 
     @property
     def min_workers(self) -> int:
-        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else max(self.num_workers, 1)
 
     @property
     def max_workers(self) -> int:
-        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else max(self.num_workers, 1)
 
     @property
     def total_resources(self) -> dict[str, float]:
@@ -410,7 +412,6 @@ class ElasticConfig:
 
 
 @_ray_only({
-    "storage_filesystem": "pass an fsspec URL as storage_path and its options as storage_options",
     "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
     "logging_config": "configure Python's logging in the loop",
 }, deprecated={
@@ -432,8 +433,15 @@ class RunConfig:
     storage_options: Mapping[str, Any] | None = None
     callbacks: list[UserCallback] | None = None
     """Called in the driver process as the run goes (`callbacks.py`)."""
+    storage_filesystem: Any = None
+    """A filesystem (pyarrow's, as in Ray, or fsspec's) on which `storage_path` is a path."""
 
     def __post_init__(self) -> None:
+        if self.storage_filesystem is not None:
+            as_fsspec(self.storage_filesystem)  # refuses what is neither
+            if not self.storage_path:
+                raise ConfigError("RunConfig(storage_filesystem=...) needs storage_path: the path on that "
+                                  "filesystem under which the run's folder is made.")
         wrong = [type(c).__name__ for c in self.callbacks or () if not isinstance(c, UserCallback)]
         if wrong:
             raise ConfigError(

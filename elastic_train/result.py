@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -52,6 +53,8 @@ class Result:
     return_value: Any = None
     """What rank 0's `train_loop_per_worker` returned (Ray Train V2), or None. Not kept in the run's
     folder (nothing there is unpickled): None in `Result.from_path`."""
+    filesystem: Any = field(default=None, repr=False)
+    """The filesystem of the run's storage, fsspec's (Ray's is pyarrow's); None: the local disk."""
 
     @property
     def metrics_dataframe(self):
@@ -86,15 +89,17 @@ class Result:
         return pick(valid, key=lambda entry: _lookup(entry[1], metric))[0]
 
     @classmethod
-    def from_path(cls, path: str, storage_options: Mapping[str, Any] | None = None) -> "Result":
-        """The result of the run whose folder is `path` (a `Result.path`; any fsspec URL, with the
-        `storage_options` the run used), read from its record (`run_record.py`), its event log
+    def from_path(cls, path: str | os.PathLike, storage_filesystem: Any = None, *,
+                  storage_options: Mapping[str, Any] | None = None) -> "Result":
+        """The result of the run whose folder is `path` (a `Result.path`: any fsspec URL, with the
+        `storage_options` the run used; or, as in Ray, a path on `storage_filesystem`, pyarrow's or
+        fsspec's), read from its record (`run_record.py`), its event log
         (`events.jsonl`) and the manifests of its committed checkpoints. Works for a run under way,
         and after its driver died: the metrics are then those written up to
         `ElasticConfig.run_record_interval_s` before, the events up to `event_log_interval_s`.
         `error` is set when the run failed: a `TrainingFailedError` with the message (and the
         traceback) that `fit()` raised. Nothing in the folder is unpickled."""
-        storage = RunStorage.at(path, storage_options)
+        storage = RunStorage.at(path, storage_options, filesystem=storage_filesystem)
         run = read_json(storage, RUN, None)
         committed = storage.committed()
         if run is None and not committed:
@@ -111,4 +116,5 @@ class Result:
             metrics_history=history,
             best_checkpoints=checkpoints,
             events=read_events(storage),
+            filesystem=storage.fs,
         )

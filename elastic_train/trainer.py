@@ -165,6 +165,12 @@ class DataParallelTrainer:
     # How the constructor takes the backend's config.
     _BACKEND_ARGUMENT, _BACKEND_CLASS, _BACKEND_PATH = "backend_config", BackendConfig, "elastic_train.BackendConfig"
 
+    @classmethod
+    def argument_names(cls) -> list[str]:
+        """The constructor's arguments (a subclass takes the backend's config under its own name)."""
+        names = [name for name in inspect.signature(DataParallelTrainer).parameters if name != "backend_config"]
+        return names + [cls._BACKEND_ARGUMENT]
+
     @property
     def _torch_config(self) -> TorchConfig | None:
         return self.backend_config if isinstance(self.backend_config, TorchConfig) else None
@@ -276,7 +282,8 @@ class DataParallelTrainer:
         elastic = run.elastic_config or ElasticConfig()
         if self._torch_config is not None:
             elastic = dataclasses.replace(elastic, collective_timeout_s=float(self._torch_config.timeout_s))
-        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry())
+        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry(),
+                             run.storage_filesystem)
         if storage.process_local:
             raise ConfigError(
                 f"storage_path {storage.storage_path!r}: memory:// is private to one process, and Ray workers run in "
@@ -351,6 +358,7 @@ class DataParallelTrainer:
             best_checkpoints=checkpoints,
             events=json.loads(to_json(summary.events)),  # as the event log (events.jsonl) holds them
             return_value=_returned(summary.returned),
+            filesystem=storage.fs,
         )
         try:
             callbacks("on_run_end", result)
@@ -403,29 +411,17 @@ class DataParallelTrainer:
 
 class TorchTrainer(DataParallelTrainer):
     """A `DataParallelTrainer` whose backend is a `TorchConfig` (Ray Train's `TorchTrainer`):
-    `torch_config` sets up each generation's process group."""
+    `torch_config` sets up each generation's process group. Its other arguments are
+    `DataParallelTrainer`'s: `train_loop_config`, `scaling_config`, `run_config`, `metadata`,
+    `resume_from_checkpoint` (`datasets`, `dataset_config` and `validation_config` are refused)."""
 
     _BACKEND_ARGUMENT, _BACKEND_CLASS, _BACKEND_PATH = "torch_config", TorchConfig, "elastic_train.torch.TorchConfig"
     _name = "TorchTrainer"
 
-    def __init__(
-        self,
-        train_loop_per_worker: Callable[..., Any],
-        *,
-        train_loop_config: dict[str, Any] | None = None,
-        torch_config: TorchConfig | None = None,
-        scaling_config: ScalingConfig | Mapping[str, Any] | None = None,
-        run_config: RunConfig | Mapping[str, Any] | None = None,
-        datasets: Mapping[str, Any] | None = None,
-        dataset_config: Any = None,
-        validation_config: Any = None,
-        metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
-    ):
-        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, backend_config=torch_config,
-                         scaling_config=scaling_config, run_config=run_config, datasets=datasets,
-                         dataset_config=dataset_config, validation_config=validation_config, metadata=metadata,
-                         resume_from_checkpoint=resume_from_checkpoint)
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *, torch_config: TorchConfig | None = None,
+                 **kwargs: Any):
+        """`kwargs`: the other arguments of `DataParallelTrainer`."""
+        super().__init__(train_loop_per_worker, backend_config=torch_config, **kwargs)
 
     @property
     def torch_config(self) -> TorchConfig | None:

@@ -50,7 +50,6 @@ max)`) starts with what is free (at least min) and grows into what finished tria
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
@@ -128,7 +127,7 @@ def trainer_for_trial(
     """The trainer a trial fits: `trainer`'s arguments with the trial's config over them (keys that name
     an argument update it, the others go into `train_loop_config`), its run named after the trial and
     followed by `callback` too."""
-    parameters = inspect.signature(type(trainer)).parameters
+    parameters = type(trainer).argument_names()
     # The trainer keeps each argument it accepts as an attribute of the same name.
     arguments = {name: getattr(trainer, name) for name in parameters if hasattr(trainer, name)}
     for key, value in config.items():

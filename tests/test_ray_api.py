@@ -683,7 +683,7 @@ def test_a_ray_style_loop_runs_with_these_names(local_ray, run_dirs):
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("make, field", [
-    (lambda: train.RunConfig(storage_filesystem=object()), "storage_filesystem"),
+    (lambda: train.RunConfig(logging_config=object()), "logging_config"),
     (lambda: train.RunConfig(worker_runtime_env={}), "worker_runtime_env"),
     (lambda: train.ScalingConfig(num_workers=2, use_tpu=True), "use_tpu"),
     (lambda: train.ScalingConfig(label_selector={"zone": "a"}), "label_selector"),
@@ -716,6 +716,8 @@ def test_scaling_config_total_resources_is_what_the_workers_ask_for_at_most():
         "CPU": 2, "GPU": 2}
     assert ScalingConfig(num_workers=(1, 3)).total_resources == {"CPU": 3}
     assert ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5, "memory": 0}).total_resources == {"CPU": 1}
+    local = ScalingConfig(num_workers=0)  # Ray's local mode: one worker here
+    assert (local.min_workers, local.max_workers, local.total_resources) == (1, 1, {"CPU": 1})
 
 
 # == 3. report() and its keywords ==================================================================

@@ -51,6 +51,9 @@ def test_the_import_rule_renames_the_public_api_and_nothing_else():
     assert port(source, to_elastic_train=False).splitlines()[1:4] == [
         "import ray.train", "from ray import train", "from ray.train import Checkpoint, ScalingConfig"]
     assert shared_modules_in(source) == {"ray.train.tests.util", "ray.train.examples.pytorch.torch_linear_example"}
+    # `ray.train.report` reached through `import ray` alone: the module it now names is imported too.
+    assert port("import ray\nfrom ray.train import ScalingConfig\nray.train.report({})", True).splitlines() == [
+        "import ray", "import elastic_train", "from elastic_train import ScalingConfig", "elastic_train.report({})"]
 
 
 @pytest.mark.timeout(240)

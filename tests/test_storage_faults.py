@@ -105,6 +105,6 @@ def test_a_permanent_storage_fault_fails_clearly_and_keeps_what_was_committed(lo
     proxy.clear()
     assert "PermissionError" in str(caught.value) and "credentials" in str(caught.value), caught.value
     assert proxy.stats["faults"].get("outage", 0) > 0
-    after = _whole_checkpoints(et.Result.from_path(run, s3_bucket["options"]), s3_bucket)
+    after = _whole_checkpoints(et.Result.from_path(run, storage_options=s3_bucket["options"]), s3_bucket)
     assert {c.index for c in before} <= set(after)
     assert last.metrics["step"] > before[-1].index  # training went on until the outage

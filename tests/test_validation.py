@@ -17,7 +17,7 @@ def loop(config):
     "make, message",
     [
         (lambda: et.ScalingConfig(num_workers=(3, 2)), r"min 3 is greater than max 2; write num_workers=\(2, 3\)"),
-        (lambda: et.ScalingConfig(num_workers=0), "need at least 1 worker"),
+        (lambda: et.ScalingConfig(num_workers=-1), r"need a number of workers \(0: Ray's local mode"),
         (lambda: et.ScalingConfig(num_workers=(0, 2)), "min must be at least 1"),
         (lambda: et.ScalingConfig(num_workers=(1, 2, 3)), r"a \(min, max\) pair"),
         (lambda: et.ScalingConfig(placement_strategy="RANDOM"), "use one of PACK"),

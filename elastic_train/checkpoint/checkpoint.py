@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import fsspec
 import torch
 
+from elastic_train.checkpoint.filesystems import as_fsspec
 from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest
 from elastic_train.errors import CheckpointError
 
@@ -59,11 +60,11 @@ class Checkpoint:
     def __init__(
         self,
         path: str | os.PathLike,
-        filesystem: fsspec.AbstractFileSystem | None = None,
+        filesystem: Any = None,
         manifest: Manifest | None = None,
     ):
         self.path = str(path)
-        self._filesystem = filesystem
+        self._filesystem = as_fsspec(filesystem) if filesystem is not None else None  # pyarrow's too, as in Ray
         self.manifest = manifest
         self._dict: dict[str, Any] | None = None
         self._metadata: dict[str, Any] | None = None  # a dict checkpoint's metadata
@@ -87,6 +88,14 @@ class Checkpoint:
                 "record; rename that file."
             )
         return cls(os.path.abspath(path))
+
+    @classmethod
+    def from_ray(cls, checkpoint: Any) -> "Checkpoint":
+        """The checkpoint a `ray.train.Checkpoint` points at (its path on its pyarrow filesystem): a
+        helper written for Ray (its test utilities, a library) may still make Ray's."""
+        if type(checkpoint).__module__.split(".")[:2] != ["ray", "train"] or not hasattr(checkpoint, "filesystem"):
+            raise TypeError(f"a checkpoint must be an elastic_train.Checkpoint, got {type(checkpoint).__name__}.")
+        return cls(checkpoint.path, checkpoint.filesystem)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Checkpoint":
@@ -189,7 +198,11 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return "Checkpoint(dict)" if self._dict is not None else f"Checkpoint(path={self.path!r})"
+        """As Ray's: `Checkpoint(filesystem=local, path=/tmp/ckpt)`, the filesystem by its protocol."""
+        if self._dict is not None:
+            return "Checkpoint(dict)"
+        protocol = self.filesystem.protocol if isinstance(self.filesystem.protocol, str) else self.filesystem.protocol[0]
+        return f"Checkpoint(filesystem={'local' if is_local(self.filesystem) else protocol}, path={self.path})"
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Mapping
 from fsspec.core import url_to_fs
 
 from elastic_train.checkpoint.checkpoint import is_local
+from elastic_train.checkpoint.filesystems import as_fsspec, split_query
 from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, checked_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import CheckpointError, ConfigError, StorageError
@@ -124,10 +125,16 @@ def check_named_folder(name: str, index: int, generation: int) -> None:
             "folders; pick another, e.g. f'epoch_{epoch}'.")
 
 
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """`url_to_fs`, with a clear error when the protocol's fsspec backend is not installed."""
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
+                    filesystem: Any = None) -> tuple[Any, str]:
+    """The fsspec filesystem and the path on it of `url`: a path on `filesystem` when one is given
+    (fsspec or pyarrow), else any fsspec URL (a pyarrow-style query holding its options: filesystems.py),
+    with a clear error when the protocol's fsspec backend is not installed."""
+    if filesystem is not None:
+        return as_fsspec(filesystem), url
+    url, options = split_query(url, storage_options)
     try:
-        return url_to_fs(url, **dict(storage_options or {}))
+        return url_to_fs(url, **options)
     except ImportError as exc:
         raise ConfigError(f"storage_path {url!r} needs a filesystem that is not installed: {exc}") from exc
 
@@ -146,12 +153,16 @@ class RunStorage:
         name: str,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        filesystem: Any = None,
     ):
+        """`storage_path`: an fsspec URL (or local path), or a path on `filesystem` when one is given
+        (`RunConfig(storage_filesystem=...)`, fsspec or pyarrow)."""
         self.storage_path = storage_path
         self.name = name
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
-        self.fs, root = open_filesystem(storage_path, self.storage_options)
+        self.fs, root = open_filesystem(storage_path, self.storage_options, filesystem)
+        self._on_given_fs = filesystem is not None  # paths are then the filesystem's own, with no protocol
         self.root = posixpath.join(root.rstrip("/"), name)
         self._init_guard()
 
@@ -171,9 +182,13 @@ class RunStorage:
         self._init_guard()
 
     @classmethod
-    def at(cls, run_path: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> "RunStorage":
-        """The storage of the run whose folder is `run_path` (a `Result.path`)."""
-        parent, _, name = str(run_path).rstrip("/").rpartition("/")
+    def at(cls, run_path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None,
+           **kwargs: Any) -> "RunStorage":
+        """The storage of the run whose folder is `run_path` (a `Result.path`; a pyarrow-style URI's
+        query, if any, stays with the storage path)."""
+        path, mark, query = str(run_path).partition("?") if "://" in str(run_path) else (str(run_path), "", "")
+        parent, _, name = path.rstrip("/").rpartition("/")
+        parent += mark + query
         if not parent or not name:
             raise ConfigError(f"{run_path!r} is not a run folder: expected <storage_path>/<run name>.")
         return cls(parent, name, storage_options, **kwargs)
@@ -185,8 +200,9 @@ class RunStorage:
         return "memory" in protocols
 
     def url(self, *parts: str) -> str:
+        """Where `parts` are: a local path, a path on the filesystem the run was given, or a URL."""
         path = posixpath.join(self.root, *parts)
-        return path if is_local(self.fs) else self.fs.unstrip_protocol(path)
+        return path if is_local(self.fs) or self._on_given_fs else self.fs.unstrip_protocol(path)
 
     def folder(self, attempt: Attempt) -> str:
         return posixpath.join(self.root, attempt.dirname)
@@ -323,7 +339,16 @@ class RunStorage:
         return self._read(posixpath.join(self.root, name))
 
     def _put(self, path: str, data: bytes, what: str) -> None:
-        self.retry.call(what, self._put_local if is_local(self.fs) else self.fs.pipe_file, path, data)
+        self.retry.call(what, self._put_local if is_local(self.fs) else self._put_object, path, data)
+
+    def _put_object(self, path: str, data: bytes) -> None:
+        """Write an object; on a filesystem with folders (one a pyarrow or fsspec wrapper makes of a
+        disk) whose folder is missing, make it first."""
+        try:
+            self.fs.pipe_file(path, data)
+        except FileNotFoundError:
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.fs.pipe_file(path, data)
 
     def _put_local(self, path: str, data: bytes) -> None:
         """Write a local file whole or not at all: beside its name, then renamed over it. As in an
@@ -483,10 +508,18 @@ class RunStorage:
             else:
                 for path in self._find(folder):
                     self._remove(path)
+                self._remove_empty_folder(folder)
             return True
         finally:
             with self._guard:
                 self._removing.discard(attempt)
+
+    def _remove_empty_folder(self, folder: str) -> None:
+        """A filesystem with folders (a disk under a pyarrow or fsspec wrapper) keeps the emptied folder;
+        an object store has none left."""
+        with contextlib.suppress(OSError):
+            if self.fs.isdir(folder) and not self.fs.ls(folder, detail=False):
+                self.fs.rmdir(folder)
 
     def sweep(self, keep: Callable[[Attempt], bool]) -> list[Attempt]:
         """Remove every checkpoint folder that `keep` does not keep and no commit of this process is

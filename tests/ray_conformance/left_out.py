@@ -6,6 +6,11 @@ parametrization)."""
 from __future__ import annotations
 
 _INTERNALS = "reaches into Ray's internals"
+_FSSPEC = ("the filesystems elastic_train hands out (Result.filesystem, Checkpoint.filesystem, "
+           "get_storage().storage_filesystem) are fsspec's, one library for the runtime and the loop; pyarrow's are "
+           "taken wherever Ray takes them")
+_URL = ("on purpose: the Result.path of a run in an object store is its URL (s3://bucket/run), which "
+        "Result.from_path opens by itself; Ray's is the path on Result.filesystem, which this test asserts")
 
 LEFT_OUT: dict[str, str] = {
     "test_v2_api.py::test_train_v2_import":
@@ -25,6 +30,10 @@ LEFT_OUT: dict[str, str] = {
     "test_data_parallel_trainer.py::test_setup_working_directory":
         f"{_INTERNALS} (its session folder); on purpose, the run's working directory is `<run name>_<hash of "
         "its storage folder>`, not `<run name>`: two runs of one name on a machine never share one",
+    "test_data_parallel_trainer.py::test_result_output":
+        f"on purpose: {_FSSPEC}; it asserts that Result.filesystem is pyarrow's",
+    "test_persistence.py::test_trainer[checkpoint_config0-cloud]": _URL,
+    "test_persistence.py::test_trainer[checkpoint_config1-cloud]": _URL,
     "test_data_parallel_trainer.py::test_backend_setup":
         "on purpose: a Backend with hooks of its own is refused (backend.py): every generation's workers form "
         "their torch.distributed group themselves, with no hook in between",

@@ -1,0 +1,114 @@
+"""What Ray Train code hands elastic_train in Ray's own forms, found by running Ray's own tests
+(tests/ray_conformance): pyarrow filesystems, URIs with pyarrow's options in their query, Ray's
+`Checkpoint` objects, local mode (`num_workers=0`), `DataParallelTrainer` and V2's module paths."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow.fs
+import pytest
+import ray.train
+from fsspec.implementations.dirfs import DirFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+import elastic_train as train
+from elastic_train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
+from elastic_train.checkpoint.filesystems import as_fsspec, split_query
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.errors import ConfigError
+from elastic_train.torch import TorchTrainer
+
+
+@pytest.mark.timeout(10)
+def test_a_uri_in_pyarrows_form_has_its_query_read_as_s3fs_options():
+    url, options = split_query("s3://bucket/prefix?region=us-west-2&endpoint_override=http://127.0.0.1:5002", {})
+    assert url == "s3://bucket/prefix"
+    assert options == {"client_kwargs": {"region_name": "us-west-2"}, "endpoint_url": "http://127.0.0.1:5002"}
+    _, options = split_query("s3://b?endpoint_override=127.0.0.1:9&scheme=http&access_key=k&secret_key=s",
+                             {"key": "mine"})
+    assert options == {"endpoint_url": "http://127.0.0.1:9", "key": "mine", "secret": "s"}  # given ones win
+    with pytest.raises(ConfigError, match="check_ssl in the URL's query is not understood here"):
+        split_query("s3://b?check_ssl=1", None)
+    with pytest.raises(ConfigError, match="understood for s3:// only"):
+        split_query("gs://b?endpoint_override=x", None)
+    assert split_query("/local/path?odd", None) == ("/local/path?odd", {})
+
+
+@pytest.mark.timeout(60)
+def test_a_run_stored_at_a_uri_in_pyarrows_form_is_read_back_from_it(s3_bucket, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    uri = f"{s3_bucket['url']}?region=us-east-1&endpoint_override={s3_bucket['endpoint']}"
+    storage = RunStorage(uri, "run")
+    storage.write_part(1, {"model.pt": b"weights"})
+    assert storage.url() == f"{s3_bucket['url']}/run"
+    assert RunStorage.at(f"{s3_bucket['url']}/run?region=us-east-1&endpoint_override={s3_bucket['endpoint']}/"
+                         ).fs.cat_file(f"{s3_bucket['url'][5:]}/run/checkpoint_000001_g0000/model.pt") == b"weights"
+
+
+@pytest.mark.timeout(10)
+def test_pyarrow_filesystems_are_taken_and_checkpoints_print_as_rays(tmp_path):
+    wrapped = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(DirFileSystem(path=str(tmp_path), fs=LocalFileSystem())))
+    assert isinstance(as_fsspec(wrapped), DirFileSystem)
+    assert as_fsspec(pyarrow.fs.LocalFileSystem()).protocol[0] == "file"
+    with pytest.raises(ConfigError, match="pyarrow.fs.FileSystem or an fsspec filesystem, got str"):
+        RunConfig(storage_path="x", storage_filesystem="s3")
+    with pytest.raises(ConfigError, match="needs storage_path"):
+        RunConfig(storage_filesystem=wrapped)
+    assert repr(Checkpoint("/bucket/ckpt")) == "Checkpoint(filesystem=local, path=/bucket/ckpt)"
+    assert repr(Checkpoint("b/ckpt", wrapped)) == "Checkpoint(filesystem=dir, path=b/ckpt)"
+    result = train.Result(metrics={"iter": 0}, checkpoint=Checkpoint("/b/c"), error=None, path="/b")
+    assert "Checkpoint(filesystem=local, path=/b/c)" in repr(result) and "metrics={'iter': 0}" in repr(result)
+    with pytest.raises(TypeError, match="must be an elastic_train.Checkpoint, got str"):
+        Checkpoint.from_ray("/a/path")
+
+
+@pytest.mark.timeout(10)
+def test_data_parallel_trainer_and_rays_v2_module_paths():
+    from elastic_train.v2.api.config import RunConfig as V2RunConfig
+    from elastic_train.v2.api.data_parallel_trainer import DataParallelTrainer
+    from elastic_train.v2.api.exceptions import WorkerGroupError
+    from elastic_train.v2.api.result import Result
+
+    assert (V2RunConfig, Result, WorkerGroupError) == (RunConfig, train.Result, train.WorkerGroupError)
+    assert DataParallelTrainer is train.DataParallelTrainer and issubclass(TorchTrainer, DataParallelTrainer)
+    trainer = DataParallelTrainer(lambda: None, backend_config=train.BackendConfig())
+    assert trainer.scaling_config.num_workers == 1 and isinstance(trainer.backend_config, train.BackendConfig)
+    with pytest.raises(ConfigError, match="torch_config must be an elastic_train.torch.TorchConfig, got BackendConfig"):
+        TorchTrainer(lambda: None, torch_config=train.BackendConfig())
+
+
+def rays_forms_loop(config):
+    """Ray's checkpoint objects (what Ray's own helpers make) reported, in local mode."""
+    ctx = train.get_context()
+    for step in range(1, 4):
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step.txt").write_text(str(step))
+            train.report({"step": step, "cwd": os.getcwd(), "size": ctx.get_world_size()},
+                         checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+
+@pytest.mark.timeout(120)
+def test_a_run_on_a_pyarrow_filesystem_in_local_mode_reporting_rays_checkpoints(local_ray, tmp_path, monkeypatch):
+    """Ray's persistence test's custom filesystem (a folder under a pyarrow wrapper), num_workers=0 (Ray's
+    local mode: one worker here), Ray's Checkpoint objects, RAY_CHDIR_TO_TRIAL_DIR=0 (the loop stays in
+    the worker's own directory), and the best checkpoint kept alone: its folder on that filesystem."""
+    monkeypatch.setenv("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    fs = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(DirFileSystem(path=str(tmp_path), fs=LocalFileSystem())))
+    result = TorchTrainer(
+        rays_forms_loop, scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="forms", storage_path="bucket", storage_filesystem=fs,
+                             checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="step")),
+    ).fit()
+    assert result.metrics["step"] == 3 and result.metrics["size"] == 1
+    assert "working_dirs" not in result.metrics["cwd"]
+    assert result.path == "bucket/forms" and result.checkpoint.path.startswith("bucket/forms/")
+    with result.checkpoint.as_directory() as folder:
+        assert Path(folder, "step.txt").read_text() == "3"
+    kept = [p.name for p in (tmp_path / "bucket" / "forms").iterdir() if p.name.startswith("checkpoint_")]
+    assert kept == [Path(result.checkpoint.path).name]  # retention removed the others, folders too
+    again = train.Result.from_path(result.path, fs)
+    assert again.metrics["step"] == 3 and again.checkpoint.path == result.checkpoint.path
