@@ -1,6 +1,6 @@
 """A survivor's process across generations: what torch keeps of the previous world is reset
-(worker/process_state.py). Ranks are spawned processes that join two generations through
-`GenerationProcessGroup`, as workers do, the second one renumbering them (rank 1 <-> 2)."""
+(worker/process_state.py). Ranks are spawned processes that join three generations through
+`GenerationProcessGroup`, as workers do, the last two renumbering them (rank 1 <-> 2)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def _join(group: GenerationProcessGroup, generation: int, rank: int, port: int) 
     group.join(Assignment(generation, rank, WORLD, rank, WORLD, 0, "127.0.0.1", port, None, {}))
 
 
-def _rank_main(first: int, port: int, second_port: int, folder: str, reset: bool, conn: Any) -> None:
+def _rank_main(first: int, port: int, ports: tuple[int, int], folder: str, conn: Any) -> None:
+    """Generation 0 trains and saves; generation 1 renumbers the ranks without the reset (what torch
+    hands the renumbered ones is recorded); generation 2 renumbers them alike, with the reset."""
     try:
         group = GenerationProcessGroup("gloo", TIMEOUT_S, TIMEOUT_S, TIMEOUT_S)
         _join(group, 0, first, port)
@@ -83,48 +85,45 @@ def _rank_main(first: int, port: int, second_port: int, folder: str, reset: bool
         group.leave()
 
         rank = RENUMBERED[first]
-        _join(group, 1, rank, second_port)
-        if reset:
-            reset_for_generation((first, WORLD), (rank, WORLD))
+        _join(group, 1, rank, ports[0])  # no reset
+        stale = _model(WORLD)[0][0][0].weight.device_mesh.get_coordinate()
+        dist.barrier()
+        group.leave()
+
+        _join(group, 2, rank, ports[1])
+        reset_for_generation((first, WORLD), (rank, WORLD))  # the caches hold generation 0's world
         model, optimizer = _model(WORLD)
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-        weight = model[0][0].weight
-        conn.send({"before": before, "after": _mean_loss(model, 3, rank, WORLD), "rank": rank,
-                   "coordinate": weight.device_mesh.get_coordinate(), "compiled": _place_compiled(torch.ones(1)).item()})
+        conn.send({"before": before, "after": _mean_loss(model, 3, rank, WORLD), "first": first, "rank": rank,
+                   "stale": stale, "coordinate": model[0][0].weight.device_mesh.get_coordinate(),
+                   "compiled": _place_compiled(torch.ones(1)).item()})
         dist.barrier()
         group.leave()
     except BaseException:  # noqa: BLE001 - reported to the test
         conn.send({"error": traceback.format_exc()})
 
 
-def _run(reset: bool) -> list[dict]:
-    folder = tempfile.mkdtemp()
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        second_port = s.getsockname()[1]
-    try:
-        return run_gloo_ranks(_rank_main, WORLD, lambda rank: (second_port, folder, reset), TIMEOUT_S * 2)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(180)
 def test_a_renumbered_survivor_builds_its_fsdp2_shards_and_compiled_code_for_its_new_rank():
-    results = _run(reset=True)
+    folder, ports = tempfile.mkdtemp(), (_free_port(), _free_port())
+    try:
+        results = run_gloo_ranks(_rank_main, WORLD, lambda rank: (ports, folder), TIMEOUT_S * 2)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, "\n".join(errors)
     for r in results:
+        # Without the reset, torch hands a renumbered rank its old coordinate (if a newer torch no longer
+        # does, its caches do not go stale: process_state.py may say so).
+        assert r["stale"] == (r["first"],), r
         assert r["coordinate"] == (r["rank"],), r  # FSDP2's parameters are on the new generation's mesh
         assert r["after"] == r["before"], r  # the DCP checkpoint loaded into the new rank's rows
         assert r["compiled"] == r["rank"] + WORLD, r  # compiled code sees the new rank
-
-
-@pytest.mark.timeout(180)
-def test_without_the_reset_torch_hands_a_renumbered_survivor_its_old_rank():
-    """The failure the reset prevents, shown on this torch: if this starts passing on a newer torch,
-    its caches no longer go stale and process_state.py may say so."""
-    results = _run(reset=False)
-    renumbered = [r for first, r in enumerate(results) if RENUMBERED[first] != first]
-    assert all("error" in r or r["coordinate"] != (r["rank"],) for r in renumbered), renumbered
