@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -54,7 +55,7 @@ class Result:
     """What rank 0's `train_loop_per_worker` returned (Ray Train V2), or None. Not kept in the run's
     folder (nothing there is unpickled): None in `Result.from_path`."""
     filesystem: Any = field(default=None, repr=False)
-    """The filesystem of the run's storage, fsspec's (Ray's is pyarrow's); None: the local disk."""
+    """The filesystem of the run's storage, fsspec's (Ray's is pyarrow's); None in a Result built by hand."""
 
     @property
     def metrics_dataframe(self):
@@ -99,6 +100,10 @@ class Result:
         `ElasticConfig.run_record_interval_s` before, the events up to `event_log_interval_s`.
         `error` is set when the run failed: a `TrainingFailedError` with the message (and the
         traceback) that `fit()` raised. Nothing in the folder is unpickled."""
+        if isinstance(storage_filesystem, Mapping):  # this argument was storage_options before Ray's took its place
+            warnings.warn("Result.from_path(path, storage_options) is deprecated: its second argument is now Ray's "
+                          "storage_filesystem; pass storage_options=... by name", DeprecationWarning, stacklevel=2)
+            storage_options, storage_filesystem = storage_filesystem, None
         storage = RunStorage.at(path, storage_options, filesystem=storage_filesystem)
         run = read_json(storage, RUN, None)
         committed = storage.committed()

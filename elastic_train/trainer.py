@@ -201,6 +201,7 @@ class DataParallelTrainer:
         train_loop_per_worker: Callable[..., Any] | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
+        storage_filesystem: Any = None,
         **kwargs: Any,
     ) -> "DataParallelTrainer":
         """A trainer that goes on with the run stored at `path` (a `Result.path`), from its newest
@@ -211,14 +212,17 @@ class DataParallelTrainer:
         runs, code read from storage: only restore runs from storage that only you can write.** The
         loop's module must be importable here. Pass the loop to read nothing but JSON and manifests.
         `kwargs` (any argument of the trainer: `run_config` to add callbacks, `train_loop_config`,
-        `scaling_config`, ...) replace the stored ones. `storage_options` (or those of the
-        `run_config` passed) open the path: credentials are never stored in the run's folder.
+        `scaling_config`, ...) replace the stored ones. `storage_options` or, as in Ray, a
+        `storage_filesystem` that `path` is on (or those of the `run_config` passed) open the path:
+        credentials are never stored in the run's folder.
         """
         run_config = kwargs.pop("run_config", None)
         run_config = _as_config(RunConfig, run_config, "run_config") if run_config is not None else None
         if storage_options is None and run_config is not None:
             storage_options = run_config.storage_options
-        storage = RunStorage.at(path, storage_options)
+        if storage_filesystem is None and run_config is not None:
+            storage_filesystem = run_config.storage_filesystem
+        storage = RunStorage.at(path, storage_options, filesystem=storage_filesystem)
         if not _is_run(storage):
             raise ConfigError(
                 f"{cls.__name__}.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
@@ -231,14 +235,16 @@ class DataParallelTrainer:
             run_config = run_config or stored_run_config
             kwargs = {**stored, **kwargs}
         run_config = dataclasses.replace(run_config or RunConfig(), storage_path=storage.storage_path,
-                                         name=storage.name, storage_options=storage_options)
+                                         name=storage.name, storage_options=storage_options,
+                                         storage_filesystem=storage_filesystem)
         return cls(train_loop_per_worker, run_config=run_config, **kwargs)
 
     @classmethod
-    def can_restore(cls, path: str, *, storage_options: Mapping[str, Any] | None = None) -> bool:
+    def can_restore(cls, path: str, storage_filesystem: Any = None, *,
+                    storage_options: Mapping[str, Any] | None = None) -> bool:
         """Whether `path` holds a run that `restore(path)` can go on with (Ray Train's check before
         `restore`): its run record or a committed checkpoint."""
-        return _is_run(RunStorage.at(path, storage_options))
+        return _is_run(RunStorage.at(path, storage_options, filesystem=storage_filesystem))
 
     def stop(self, reason: str, timeout_s: float | None = None) -> bool:
         """End the `fit()` under way cleanly, from another thread (Tune's trial clean-up calls it):
@@ -384,11 +390,13 @@ class DataParallelTrainer:
 
     def _stored_arguments(self) -> dict[str, Any]:
         """What `trainer.pkl` keeps for `restore()`: the loop and the arguments of a new trainer,
-        without callbacks (objects of the driver's), storage credentials or resume_from_checkpoint
-        (a restored run resumes from its own checkpoints)."""
+        without callbacks (objects of the driver's), storage credentials (storage_options, and the
+        filesystem object that may hold them) or resume_from_checkpoint (a restored run resumes from
+        its own checkpoints)."""
         return {"train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
                 self._BACKEND_ARGUMENT: self.backend_config, "scaling_config": self.scaling_config,
-                "run_config": dataclasses.replace(self.run_config, callbacks=None, storage_options=None),
+                "run_config": dataclasses.replace(self.run_config, callbacks=None, storage_options=None,
+                                                  storage_filesystem=None),
                 "metadata": self.metadata}
 
     # -- Ray Tune: `tune.Tuner(TorchTrainer(...), param_space=...)` runs this trainer as a trainable

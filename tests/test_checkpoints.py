@@ -4,11 +4,13 @@ survivor holds a whole checkpoint; a stored run resumes with a new fit()."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
 import elastic_train as et
-from elastic_train.checkpoint.manifest import CorruptCheckpointError, file_facts
+from elastic_train.checkpoint import manifest
+from elastic_train.checkpoint.manifest import CorruptCheckpointError, facts_made, facts_soon, file_facts
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
@@ -71,6 +73,28 @@ def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reporte
     assert [h.facts for h in memory.holdings()] == [file_facts(files), replica]
     memory.put(HeldCheckpoint(3, 0, 0, ["model.pt"], []), files)  # evicts index 1
     assert memory.facts(0, 1) == {} and memory.keys() == [(0, 2), (0, 3)]
+
+
+@pytest.mark.timeout(10)
+def test_an_evicted_part_cancels_the_making_of_its_facts_and_whoever_shares_them_makes_them_itself():
+    """The hashing thread is one: were the loop to report faster than it hashes, the parts waiting
+    for it would pile up. A part the memory evicts before its turn is hashed never, except by who
+    still needs its facts (the persister, the replicator), on their own thread."""
+    hashing_busy, release = threading.Event(), threading.Event()
+    blocker = manifest._HASHING.submit(lambda: (hashing_busy.set(), release.wait(5)))
+    assert hashing_busy.wait(5)
+    try:
+        memory = CheckpointMemory(keep=1)
+        parts = [{"model.pt": bytes([index]) * 8} for index in range(3)]
+        shared = [facts_soon(part) for part in parts]  # what the persister and replicator hold too
+        for index, (part, facts) in enumerate(zip(parts, shared)):
+            memory.put(HeldCheckpoint(index, 0, 0, ["model.pt"], []), part, facts=facts)
+        assert [f.cancelled() for f in shared] == [True, True, False] and memory.keys() == [(0, 2)]
+        assert facts_made(parts[0], shared[0]) == file_facts(parts[0])  # made now, by whoever asks
+    finally:
+        release.set()
+    blocker.result(5)
+    assert memory.facts(0, 2) == file_facts(parts[2]) and facts_made({}, None) is None
 
 
 @pytest.mark.timeout(10)

@@ -35,6 +35,7 @@ def test_a_uri_in_pyarrows_form_has_its_query_read_as_s3fs_options():
     with pytest.raises(ConfigError, match="understood for s3:// only"):
         split_query("gs://b?endpoint_override=x", None)
     assert split_query("/local/path?odd", None) == ("/local/path?odd", {})
+    assert split_query("https://host/data?sig=abc", {"x": 1}) == ("https://host/data?sig=abc", {"x": 1})
 
 
 @pytest.mark.timeout(60)
@@ -112,3 +113,10 @@ def test_a_run_on_a_pyarrow_filesystem_in_local_mode_reporting_rays_checkpoints(
     assert kept == [Path(result.checkpoint.path).name]  # retention removed the others, folders too
     again = train.Result.from_path(result.path, fs)
     assert again.metrics["step"] == 3 and again.checkpoint.path == result.checkpoint.path
+    # restore() on that filesystem goes on with the run; its trainer.pkl keeps no filesystem object.
+    assert TorchTrainer.can_restore(result.path, fs) and not TorchTrainer.can_restore("bucket/none", fs)
+    restored = TorchTrainer.restore(result.path, storage_filesystem=fs)
+    assert restored.run_config.storage_filesystem is fs and restored.run_config.storage_path == "bucket"
+    # storage_options once came second, positionally: still read as such, with a warning.
+    with pytest.warns(DeprecationWarning, match="pass storage_options=... by name"):
+        assert train.Result.from_path(str(tmp_path / "bucket" / "forms"), {}).metrics["step"] == 3

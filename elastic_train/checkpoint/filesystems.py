@@ -42,6 +42,9 @@ def _s3_options(query: dict[str, str]) -> dict[str, Any]:
 
 
 _QUERY_OPTIONS = {"s3": _s3_options, "s3a": _s3_options}
+# Other schemes whose options pyarrow reads from the query: fsspec would take the query for part of the
+# path, so one there is refused. Any other URL (http's, say) is the fsspec backend's, query and all.
+_PYARROW_QUERY_SCHEMES = ("gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
 
 
 def split_query(url: str, storage_options: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
@@ -50,6 +53,8 @@ def split_query(url: str, storage_options: Mapping[str, Any] | None) -> tuple[st
     if not parts.query or "://" not in url:
         return url, dict(storage_options or {})
     convert = _QUERY_OPTIONS.get(parts.scheme)
+    if convert is None and parts.scheme not in _PYARROW_QUERY_SCHEMES:
+        return url, dict(storage_options or {})
     if convert is None:
         raise ConfigError(f"storage_path {url!r}: options in the URL's query are understood for s3:// only; pass "
                           "them as RunConfig(storage_options={...}), the fsspec backend's options.")

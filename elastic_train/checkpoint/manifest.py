@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -51,6 +51,19 @@ def facts_soon(files: Mapping[str, bytes]) -> Future[dict[str, dict[str, Any]]]:
     report does not wait for the hash (its cost: benchmarks/RESULTS.md). The bytes are immutable: the
     facts are those of the files as reported."""
     return _HASHING.submit(file_facts, files)
+
+
+def facts_made(files: Mapping[str, bytes], facts: Mapping[str, dict[str, Any]] | Future[dict[str, dict[str, Any]]] | None
+               ) -> dict[str, dict[str, Any]] | None:
+    """The facts of `files` that `facts` gives, waited for if on their way; made now if their making
+    was cancelled (the memory evicted the part before its turn: the hashing thread never falls behind
+    by more than what is held)."""
+    if isinstance(facts, Future):
+        try:
+            return facts.result()
+        except CancelledError:
+            return file_facts(files)
+    return dict(facts) if facts is not None else None
 
 
 def checked_facts(files: Mapping[str, bytes], facts: Mapping[str, dict[str, Any]] | None,

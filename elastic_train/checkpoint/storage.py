@@ -342,11 +342,14 @@ class RunStorage:
         self.retry.call(what, self._put_local if is_local(self.fs) else self._put_object, path, data)
 
     def _put_object(self, path: str, data: bytes) -> None:
-        """Write an object; on a filesystem with folders (one a pyarrow or fsspec wrapper makes of a
-        disk) whose folder is missing, make it first."""
+        """Write an object; on a filesystem the run was given that has folders (a pyarrow or fsspec
+        wrapper of a disk) and lacks this one, make it first. Never on a URL's object store: s3fs's
+        makedirs would create a missing bucket, where a missing bucket must fail."""
         try:
             self.fs.pipe_file(path, data)
         except FileNotFoundError:
+            if not self._on_given_fs:
+                raise
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
             self.fs.pipe_file(path, data)
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from elastic_train.config import CheckpointConfig, ElasticConfig
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, ResumePlan, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
-from elastic_train.checkpoint.manifest import facts_soon
+from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.worker.allocator import retain_freed_memory
@@ -308,8 +308,6 @@ class TrainWorker:
         """A reported part: held in memory, and with `replicate` its files copied to the buddy (if
         any) in the background, with their facts (`facts`: on their way). A live part is not copied:
         its tensors change under the copy (live_part.py)."""
-        if isinstance(part, dict):
-            facts = facts or facts_soon(part)
         self._memory.put(held, part, facts=facts)
         if (replicate and isinstance(part, dict) and self._assignment is not None
                 and self._assignment.buddy is not None):
@@ -374,7 +372,7 @@ class TrainWorker:
             raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
                                  f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
         began = time.monotonic()
-        reported = part.facts.result() if isinstance(part.facts, Future) else part.facts
+        reported = facts_made(part.files, part.facts)
         facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name,
                                               facts=reported)
         upload_s = time.monotonic() - began

@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.protocol import HeldCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,6 @@ class Replicator:
                     return
                 (peer, held, files, facts), self._next = self._next, None
             try:
-                self._send(peer, dataclasses.replace(held, facts=facts.result()), files)
+                self._send(peer, dataclasses.replace(held, facts=facts_made(files, facts) or {}), files)
             except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another
                 logger.info("checkpoint %d not replicated: %r", held.index, exc)

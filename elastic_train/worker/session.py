@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, Callable, NoReturn, Protocol
 
 import ray
@@ -92,19 +92,29 @@ class CheckpointMemory:
         background."""
         with self._lock:
             key = (held.generation, held.index)
+            merged = False
             if isinstance(part, LivePart):
                 for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
-                    del self._parts[older]
+                    self._drop(older)
             elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
                 # more of the same checkpoint (parts handed over by two peers): merged
                 known, held_files = self._parts[key]
                 part = {**held_files, **part}
                 held = dataclasses.replace(known, names=sorted(part), facts={**known.facts, **held.facts})
-            elif not held.facts:
-                self._making[key] = facts or facts_soon(part)
+                merged = True
+            self._drop(key)
+            if isinstance(part, dict) and set(part) - set(held.facts):
+                self._making[key] = facts if facts is not None and not merged else facts_soon(part)
             self._parts[key] = (held, part)
             while evict and len(self._parts) > self._keep:
-                self._making.pop(self._parts.popitem(last=False)[0], None)
+                self._drop(next(iter(self._parts)))
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        """Forget a part, and the making of its facts if not begun (caller holds the lock)."""
+        self._parts.pop(key, None)
+        making = self._making.pop(key, None)
+        if making is not None:
+            making.cancel()  # others waiting on it make the facts themselves (manifest.facts_made)
 
     def settle(self) -> None:
         """The generation ended and its loop stopped writing: each live part still clean becomes its
@@ -122,8 +132,9 @@ class CheckpointMemory:
                 if files is None:
                     logger.info("checkpoint %d of generation %d was written to after its report: not kept",
                                 key[1], key[0])
-                    self._parts.pop(key, None)
+                    self._drop(key)
                 elif key in self._parts:
+                    self._drop(key)
                     self._parts[key] = (held, files)
                     self._making[key] = facts_soon(files)
 
@@ -159,12 +170,15 @@ class CheckpointMemory:
             making = self._making.get(key)
         if making is None:
             return held
-        facts = making.result()
+        try:
+            facts = making.result()
+        except CancelledError:  # the part was dropped meanwhile
+            facts = None
         with self._lock:
-            if self._making.get(key) is making:
+            if facts is not None and self._making.get(key) is making and key in self._parts:
                 del self._making[key]
                 held, part = self._parts[key]
-                held = dataclasses.replace(held, facts={**facts, **held.facts})  # with files merged in since
+                held = dataclasses.replace(held, facts={**facts, **held.facts})
                 self._parts[key] = (held, part)
             else:
                 held, _ = self._parts.get(key, (None, None))
