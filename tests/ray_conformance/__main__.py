@@ -33,14 +33,14 @@ FILES = ("test_torch_trainer.py", "test_v2_api.py", "test_result.py", "test_data
 TEST_TIMEOUT_S = 300
 
 
-def prepare(ray_source: Path, folder: Path, to_elastic_train: bool) -> list[str]:
-    """Write the ported test files, the shared modules they import and the fixtures into `folder`;
-    returns the test files written."""
+def prepare(ray_source: Path, folder: Path, to_elastic_train: bool, files: tuple[str, ...] = FILES) -> list[str]:
+    """Write the ported test files of `files`, the shared modules they import and the fixtures into
+    `folder`; returns the test files written."""
     (folder / SHARED_PACKAGE).mkdir(parents=True)
     (folder / SHARED_PACKAGE / "__init__.py").write_text("")
     shutil.copy(Path(__file__).with_name("fixtures.py"), folder / "conftest.py")
     pending, done, written = [], set(), []
-    for name in FILES:
+    for name in files:
         source = ray_source / "train" / "v2" / "tests" / name
         if source.exists():
             text = source.read_text()
@@ -63,9 +63,10 @@ def prepare(ray_source: Path, folder: Path, to_elastic_train: bool) -> list[str]
     return written
 
 
-def run(ray_source: Path, folder: Path, to_elastic_train: bool) -> dict[str, tuple[int, int]]:
-    """pytest over the ported files in `folder`: {file: (passed, run)}."""
-    files = prepare(ray_source, folder, to_elastic_train)
+def run(ray_source: Path, folder: Path, to_elastic_train: bool, only: tuple[str, ...] = FILES
+        ) -> dict[str, tuple[int, int]]:
+    """pytest over the ported files of `only` in `folder`: {file: (passed, run)}."""
+    files = prepare(ray_source, folder, to_elastic_train, only)
     report = folder / "report.xml"
     deselected = [arg for node in LEFT_OUT for arg in ("--deselect", node)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
@@ -87,13 +88,15 @@ def main() -> None:
     parser.add_argument("--ray-source", type=Path, required=True, help="the python/ray folder of a Ray checkout")
     parser.add_argument("--against", choices=("both", "ray", "elastic_train"), default="both")
     parser.add_argument("--out", type=Path, default=None, help="keep the ported files and reports here")
+    parser.add_argument("--files", nargs="+", choices=FILES, default=list(FILES), metavar="FILE",
+                        help=f"which of Ray's files to run (default: all of {', '.join(FILES)})")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ray_conformance_"))
     systems = ("ray", "elastic_train") if args.against == "both" else (args.against,)
-    results = {system: run(args.ray_source.expanduser(), out / system, system == "elastic_train")
+    results = {system: run(args.ray_source.expanduser(), out / system, system == "elastic_train", tuple(args.files))
                for system in systems}
     print(f"\n| Ray's file | {' | '.join(systems)} |\n| --- |{' --- |' * len(systems)}")
-    for name in FILES:
+    for name in args.files:
         cells = [f"{results[s][name][0]}/{results[s][name][1]}" if name in results[s] else "-" for s in systems]
         print(f"| {name} | {' | '.join(cells)} |")
     print(f"\nleft out: {len(LEFT_OUT)} (tests/ray_conformance/left_out.py); files and reports in {out}")
