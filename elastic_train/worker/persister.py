@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from elastic_train.checkpoint.manifest import CorruptCheckpointError
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.errors import StorageError
 from elastic_train.protocol import Assignment
+from elastic_train.worker.background import BackgroundThread
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def obsolete(part: PartUpload, assignment: Assignment | None) -> bool:
     return part.index > resumed_at
 
 
-class Persister:
-    """A single background thread; parts wait in order, a replaceable one is replaced by the next."""
+class Persister(BackgroundThread[PartUpload]):
+    """Parts wait in order; a replaceable one is replaced by the next."""
 
     def __init__(
         self,
@@ -74,16 +74,13 @@ class Persister:
         part no longer wanted); `on_given_up` hears of a part given up after its retry deadline, or
         found corrupt (its copy in memory no longer matches its report), `on_failed` of a permanent
         storage error."""
+        super().__init__("elastic-persist")
         self._upload = upload
         self._on_given_up = on_given_up
         self._on_failed = on_failed
         self._max_queued = max_queued
-        self._pending: collections.deque[PartUpload] = collections.deque()
-        self._busy = False
-        self._closed = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="elastic-persist", daemon=True)
-        self._thread.start()
+        self._pending: collections.deque[tuple[int, PartUpload]] = collections.deque()  # (number, part)
+        self._start()
 
     def submit(self, part: PartUpload, cancelled: Callable[[], bool] = lambda: False) -> float | None:
         """Queue `part`; returns how long it waited for room (seconds), or None if `cancelled()` came
@@ -91,15 +88,14 @@ class Persister:
         started = time.monotonic()
         with self._changed:
             self._changed.wait_for(lambda: len(self._pending) < self._max_queued or self._closed
-                                   or self._pending[-1].replaceable or cancelled())
+                                   or self._pending[-1][1].replaceable or cancelled())
             if cancelled():
                 return None
-            if self._pending and self._pending[-1].replaceable:
-                logger.info("checkpoint %d replaced by %d before its upload started", self._pending[-1].index,
-                            part.index)
-                self._pending.pop()
-            self._pending.append(part)
-            self._changed.notify_all()
+            if self._pending and self._pending[-1][1].replaceable:
+                number, replaced = self._pending.pop()
+                logger.info("checkpoint %d replaced by %d before its upload started", replaced.index, part.index)
+                self._drop(number)
+            self._pending.append((self._hand_over(), part))
         return time.monotonic() - started
 
     def interrupt(self) -> None:
@@ -107,49 +103,29 @@ class Persister:
         with self._changed:
             self._changed.notify_all()
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every submitted part is stored or given up; False if `timeout_s` passed first."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: not self._pending and not self._busy, timeout=max(0.0, deadline - time.monotonic())
-            )
+    def _waiting(self) -> bool:
+        return bool(self._pending)
 
-    def close(self, timeout_s: float) -> None:
-        """Flush, then stop the thread."""
-        if not self.flush(timeout_s):
-            logger.warning("checkpoint upload still running after %.0fs; leaving it unfinished", timeout_s)
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+    def _take(self) -> tuple[PartUpload, list[int]]:
+        number, part = self._pending.popleft()
+        return part, [number]
 
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: bool(self._pending) or self._closed)
-                if not self._pending:
-                    return
-                part, self._busy = self._pending.popleft(), True
-                self._changed.notify_all()  # room for a part that `submit` holds back
-            try:
-                self._upload(part)
-            except PartObsolete as exc:
-                logger.info("checkpoint %d of generation %d dropped before its upload: %s", part.index,
-                            part.generation, exc)
-            except CorruptCheckpointError as exc:
-                logger.error("checkpoint %d not persisted: %s", part.index, exc)
-                self._on_given_up(part, exc)
-            except TransientStorageError as exc:
-                logger.warning("checkpoint %d not persisted, storage kept failing: %s; training goes on, the "
-                               "next checkpoint will be tried", part.index, exc)
-                self._on_given_up(part, exc)
-            except StorageError as exc:
-                logger.error("checkpoint %d cannot be persisted: %s", part.index, exc)
-                self._on_failed(part, exc)
-            except Exception as exc:  # noqa: BLE001 - an unexpected fault must not kill the thread
-                logger.exception("checkpoint %d upload failed", part.index)
-                self._on_failed(part, StorageError(f"uploading checkpoint {part.index} failed: {exc!r}"))
-            finally:
-                with self._changed:
-                    self._busy = False
-                    self._changed.notify_all()
+    def _do(self, part: PartUpload) -> None:
+        try:
+            self._upload(part)
+        except PartObsolete as exc:
+            logger.info("checkpoint %d of generation %d dropped before its upload: %s", part.index,
+                        part.generation, exc)
+        except CorruptCheckpointError as exc:
+            logger.error("checkpoint %d not persisted: %s", part.index, exc)
+            self._on_given_up(part, exc)
+        except TransientStorageError as exc:
+            logger.warning("checkpoint %d not persisted, storage kept failing: %s; training goes on, the "
+                           "next checkpoint will be tried", part.index, exc)
+            self._on_given_up(part, exc)
+        except StorageError as exc:
+            logger.error("checkpoint %d cannot be persisted: %s", part.index, exc)
+            self._on_failed(part, exc)
+        except Exception as exc:  # noqa: BLE001 - an unexpected fault is the run's, not the thread's
+            logger.exception("checkpoint %d upload failed", part.index)
+            self._on_failed(part, StorageError(f"uploading checkpoint {part.index} failed: {exc!r}"))

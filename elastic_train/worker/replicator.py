@@ -12,49 +12,48 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.protocol import HeldCheckpoint
+from elastic_train.worker.background import BackgroundThread
 
 logger = logging.getLogger(__name__)
 
 
-Facts = Future[dict[str, dict[str, Any]]]  # a part's files' size and SHA-256, made in the background
+Facts = Future[dict[str, dict[str, Any]]] | None  # a part's files' size and SHA-256, made in the background
 
 
-class Replicator:
+Copy = tuple[Any, HeldCheckpoint, dict[str, bytes], Facts]  # (peer, held, files, facts)
+
+
+class Replicator(BackgroundThread[Copy]):
     def __init__(self, send: Callable[[Any, HeldCheckpoint, dict[str, bytes]], None]):
         """`send(peer, held, files)` copies a part to `peer` and returns once the peer holds it."""
+        super().__init__("elastic-replicate")
         self._send = send
-        self._next: tuple[Any, HeldCheckpoint, dict[str, bytes], Facts] | None = None
-        self._closed = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="elastic-replicate", daemon=True)
-        self._thread.start()
+        self._next: tuple[int, Copy] | None = None  # (number, the copy to make)
+        self._start()
 
     def submit(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes], facts: Facts) -> None:
         """Copy `files` to `peer`, with the facts they were reported with (the peer's copy is checked
-        against them wherever it is served)."""
+        against them wherever it is served); a part still waiting is replaced."""
         with self._changed:
-            self._next = (peer, held, files, facts)
-            self._changed.notify_all()
+            if self._next is not None:
+                self._drop(self._next[0])
+            self._next = (self._hand_over(), (peer, held, files, facts))
 
-    def close(self) -> None:
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+    def _waiting(self) -> bool:
+        return self._next is not None and not self._closed  # a copy still waiting at close is not made
 
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._next is not None or self._closed)
-                if self._closed:
-                    return
-                (peer, held, files, facts), self._next = self._next, None
-            try:
-                self._send(peer, dataclasses.replace(held, facts=facts_made(files, facts) or {}), files)
-            except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another
-                logger.info("checkpoint %d not replicated: %r", held.index, exc)
+    def _take(self) -> tuple[Copy, list[int]]:
+        (number, copy), self._next = self._next, None
+        return copy, [number]
+
+    def _do(self, copy: Copy) -> None:
+        peer, held, files, facts = copy
+        try:
+            self._send(peer, dataclasses.replace(held, facts=facts_made(files, facts) or {}), files)
+        except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another
+            logger.info("checkpoint %d not replicated: %r", held.index, exc)
