@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 
-from elastic_train.worker.session import CheckpointMemory
+from elastic_train.worker.memory import CheckpointMemory
 
 
 def corrupt_held_copy(index: int, name: str) -> bool:

@@ -88,3 +88,21 @@ class CheckpointError(RuntimeError):
 
 class StorageError(CheckpointError):
     """Storage refused an operation (denied, missing bucket, bad credentials), or kept failing."""
+
+
+# -- what unwinds the user's loop inside a worker (never seen by the driver) ------------------
+class GenerationEnded(BaseException):
+    """Unwinds the user's loop when its generation ends.
+
+    A BaseException, so that the user's `except Exception:` does not swallow it.
+    """
+
+
+class PeerLost(GenerationEnded):
+    """`report()`'s barrier failed while the generation still ran: a peer was lost (its connection
+    closed) before the supervisor knew. The loop unwinds as from any failed collective."""
+
+
+class CorruptCopy(PeerLost):
+    """A file of the checkpoint this generation resumes from, served from memory, is not what its
+    report made: the generation ends, and the next one resumes from another copy."""

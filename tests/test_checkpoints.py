@@ -14,7 +14,7 @@ from elastic_train.checkpoint.manifest import CorruptCheckpointError, facts_made
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.worker.session import CheckpointMemory
+from elastic_train.worker.memory import CheckpointMemory
 from tests.helpers import make_trainer
 from tests.loops import linear_regression_loop, read_progress, sharded_directory_loop
 

@@ -16,7 +16,7 @@ import ray
 from elastic_train.protocol import TOKEN_BYTES, Beat, BeatReply, HeartbeatChannel, HeartbeatReply
 from elastic_train.supervisor.heartbeats import open_endpoint
 from elastic_train.worker.heartbeat import HeartbeatSender
-from elastic_train.worker.memory import resident_bytes
+from elastic_train.worker.resident import resident_bytes
 from tests.helpers import wait_for
 
 TOKEN = bytes(range(TOKEN_BYTES))

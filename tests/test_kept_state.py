@@ -15,7 +15,7 @@ from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.kept_state import KeptState
-from elastic_train.worker.session import CheckpointMemory
+from elastic_train.worker.memory import CheckpointMemory
 from elastic_train.torch import keep_state, prepare_model
 from tests.chaos.scenario import chaos_trainer, check_invariants
 from tests.loops import (batch_norm_loop, batch_norm_model, batch_norm_optimizer, batch_norm_step, fault_once,

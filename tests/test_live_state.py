@@ -17,7 +17,7 @@ from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.report_barrier import Agreed
-from elastic_train.worker.session import CheckpointMemory
+from elastic_train.worker.memory import CheckpointMemory
 from tests.loops import read_progress, sample_counting_loop
 
 

@@ -25,7 +25,7 @@ from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Re
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.errors import StorageError
+from elastic_train.errors import GenerationEnded, PeerLost, StorageError
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
@@ -36,14 +36,8 @@ from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.report_sender import ReportSender
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
-from elastic_train.worker.session import (
-    CheckpointMemory,
-    GenerationEnded,
-    Part,
-    PeerLost,
-    TrainSession,
-    set_session,
-)
+from elastic_train.worker.memory import CheckpointMemory, Part
+from elastic_train.worker.session import TrainSession, set_session
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import psutil
 import ray
 
 from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel, HeartbeatReply
-from elastic_train.worker.memory import resident_bytes
+from elastic_train.worker.resident import resident_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from typing import Any, Callable, NoReturn, Protocol
 
 import ray
@@ -31,12 +30,13 @@ from elastic_train.checkpoint.manifest import facts_soon, file_problem
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
 from elastic_train.config import CheckpointConfig
-from elastic_train.errors import CheckpointError
+from elastic_train.errors import CheckpointError, CorruptCopy, GenerationEnded, PeerLost
 from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report, ReportReply, ResumePlan
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.memory import resident_bytes
+from elastic_train.worker.memory import Part
+from elastic_train.worker.resident import resident_bytes
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.report_barrier import (Agreed, Agreement, agree, all_wait, collectives_done, goes_on, issue,
                                                  pipelines)
@@ -47,156 +47,10 @@ logger = logging.getLogger(__name__)
 UPLOAD_WAIT_NOTED_S = 0.01  # a report that waited longer than this for room in the upload queue is an event
 
 
-class GenerationEnded(BaseException):
-    """Unwinds the user's loop when its generation ends.
-
-    A BaseException, so that the user's `except Exception:` does not swallow it.
-    """
-
-
-class PeerLost(GenerationEnded):
-    """`report()`'s barrier failed while the generation still ran: a peer was lost (its connection
-    closed) before the supervisor knew. The loop unwinds as from any failed collective."""
-
-
-class CorruptCopy(PeerLost):
-    """A file of the checkpoint this generation resumes from, served from memory, is not what its
-    report made: the generation ends, and the next one resumes from another copy."""
-
-
-Part = dict[str, bytes] | LivePart  # a checkpoint part's files, or a dict checkpoint's live tensors
 
 
 class StatefulLoader(Protocol):
     def loader_state(self) -> dict[str, Any]: ...
-
-
-class CheckpointMemory:
-    """The newest reported checkpoint parts, by (generation, report index): after a rewind a new
-    generation reports the same indices again, and a part of an older generation must never be served
-    for one of a newer. A part is its files, or a dict checkpoint's live tensors (live_part.py), of
-    which only the newest is kept: an older one holds the same tensors, moved on. Each part's files
-    have their facts (size, SHA-256), made with them in the background. Thread-safe."""
-
-    def __init__(self, keep: int):
-        self._keep = keep
-        self._parts: OrderedDict[tuple[int, int], tuple[HeldCheckpoint, Part]] = OrderedDict()
-        self._making: dict[tuple[int, int], Future[dict[str, dict[str, Any]]]] = {}  # facts on their way
-        self._lock = threading.Lock()
-
-    def put(self, held: HeldCheckpoint, part: Part, evict: bool = True,
-            facts: Future[dict[str, dict[str, Any]]] | None = None) -> None:
-        """Keep a part; with `evict`, drop the oldest beyond `keep`. A worker tells the supervisor
-        what it holds when it parks; from then on, until its next generation, nothing is evicted.
-        The facts of its files: `held.facts`, else those `facts` will give, else made now in the
-        background."""
-        with self._lock:
-            key = (held.generation, held.index)
-            merged = False
-            if isinstance(part, LivePart):
-                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
-                    self._drop(older)
-            elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
-                # more of the same checkpoint (parts handed over by two peers): merged
-                known, held_files = self._parts[key]
-                part = {**held_files, **part}
-                held = dataclasses.replace(known, names=sorted(part), facts={**known.facts, **held.facts})
-                merged = True
-            self._drop(key)
-            if isinstance(part, dict) and set(part) - set(held.facts):
-                self._making[key] = facts if facts is not None and not merged else facts_soon(part)
-            self._parts[key] = (held, part)
-            while evict and len(self._parts) > self._keep:
-                self._drop(next(iter(self._parts)))
-
-    def _drop(self, key: tuple[int, int]) -> None:
-        """Forget a part, and the making of its facts if not begun (caller holds the lock)."""
-        self._parts.pop(key, None)
-        making = self._making.pop(key, None)
-        if making is not None:
-            making.cancel()  # others waiting on it make the facts themselves (manifest.facts_made)
-
-    def settle(self) -> None:
-        """The generation ended and its loop stopped writing: each live part still clean becomes its
-        files (serialized once, for a peer or storage to read; their facts made with them), one no
-        longer clean is dropped (the run resumes from an older checkpoint). A kept state stays as it is: this worker resumes from its
-        tensors (`live_state`), a newcomer receives them over the group, and they are serialized only
-        for a peer that asks over Ray (`find`)."""
-        with self._lock:
-            live = [(k, held, p) for k, (held, p) in self._parts.items() if isinstance(p, LivePart)]
-        for key, held, part in live:
-            if part.state_only and part.clean():
-                continue
-            files = part.files()
-            with self._lock:
-                if files is None:
-                    logger.info("checkpoint %d of generation %d was written to after its report: not kept",
-                                key[1], key[0])
-                    self._drop(key)
-                elif key in self._parts:
-                    self._drop(key)
-                    self._parts[key] = (held, files)
-                    self._making[key] = facts_soon(files)
-
-    def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
-        """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
-        their report; None otherwise (the part is not held, or was written to)."""
-        with self._lock:
-            _, part = self._parts.get((generation, index), (None, None))
-        if not isinstance(part, LivePart) or not part.state_only:
-            return None
-        data = part.data  # a kept state's dicts are built when first read, out of its noted tensors
-        return data if part.clean() else None
-
-    def keys(self) -> list[tuple[int, int]]:
-        """(generation, index) of every part held."""
-        with self._lock:
-            return list(self._parts)
-
-    def holdings(self) -> list[HeldCheckpoint]:
-        """What is held, with the facts of each part's files (for the supervisor, as a worker parks or
-        is adopted)."""
-        return [held for held in map(self._with_facts, self.keys()) if held is not None]
-
-    def facts(self, generation: int, index: int) -> dict[str, dict[str, Any]]:
-        """The facts of the files held for checkpoint `index` of `generation` ({} if none are held)."""
-        held = self._with_facts((generation, index))
-        return dict(held.facts) if held is not None else {}
-
-    def _with_facts(self, key: tuple[int, int]) -> HeldCheckpoint | None:
-        """The part's record, its facts made (waited for outside the lock: the loop keeps putting)."""
-        with self._lock:
-            held, _ = self._parts.get(key, (None, None))
-            making = self._making.get(key)
-        if making is None:
-            return held
-        try:
-            facts = making.result()
-        except CancelledError:  # the part was dropped meanwhile
-            facts = None
-        with self._lock:
-            if facts is not None and self._making.get(key) is making and key in self._parts:
-                del self._making[key]
-                held, part = self._parts[key]
-                held = dataclasses.replace(held, facts={**facts, **held.facts})
-                self._parts[key] = (held, part)
-            else:
-                held, _ = self._parts.get(key, (None, None))
-        return held
-
-    def get(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
-        found = self.find(generation, index, names)
-        if len(found) < len(names):
-            raise KeyError(f"checkpoint {index} of generation {generation} is no longer held by this worker")
-        return found
-
-    def find(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
-        """Those of `names` held for checkpoint `index` of `generation` (a live part's only while clean)."""
-        with self._lock:
-            _, part = self._parts.get((generation, index), (None, {}))
-        if isinstance(part, LivePart):
-            part = part.files() or {}
-        return {n: part[n] for n in names if n in part}
 
 
 class _Pending:
