@@ -64,9 +64,10 @@ import psutil
 import ray
 
 from benchmarks.common import machine_facts
+from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel, HeartbeatReply
+from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel
 from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.heartbeats import widen_receive_buffer
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
@@ -440,7 +441,7 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         with tempfile.TemporaryDirectory() as storage_path:
-            storage = RunStorage(storage_path, "scale", None, elastic.storage_retry())
+            storage = RunStorage(storage_path, "scale", None, RetryPolicy.of(elastic))
             spec = WorkerSpec(train_fn=_no_op, train_config=None, backend="gloo", elastic=elastic, storage=storage,
                               run=RunInfo(storage.name), checkpointing=CheckpointConfig())
             rng = random.Random(0)

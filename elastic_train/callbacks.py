@@ -57,6 +57,9 @@ class UserCallback:
     supervisor. See the module docstring for what a hook that raises does.
     """
 
+    # What `RunConfig` checks its callbacks for: config.py, below every other module, imports none.
+    is_elastic_train_callback = True
+
     def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]],
                      checkpoint: Checkpoint | None) -> None:
         """Every rank made a report: `metrics[rank]` is what rank `rank` reported. `checkpoint` is

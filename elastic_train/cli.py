@@ -27,8 +27,8 @@ from elastic_train.checkpoint.storage import RunStorage, open_filesystem
 from elastic_train.errors import ConfigError
 from elastic_train.progress import event_details, format_metrics
 from elastic_train.result import Result
-from elastic_train.run_record import RUN, read_json
-from elastic_train.supervisor.event_log import EVENT_LOG, read_events
+from elastic_train.run_folder.record import RUN, read_json
+from elastic_train.run_folder.events import EVENT_LOG, read_events
 
 app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
 

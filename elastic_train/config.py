@@ -13,9 +13,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from elastic_train.callbacks import UserCallback
-from elastic_train.checkpoint.filesystems import as_fsspec
-from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import ConfigError, RayDeprecatedError
 
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -331,7 +328,7 @@ class ElasticConfig:
     preemption notice for the workers on it."""
     event_log_interval_s: float = 1.0
     """How often the supervisor writes the events recorded since to the run's `events.jsonl`
-    (`supervisor/event_log.py`): the delay before an event can be read from storage."""
+    (`run_folder/events.py`): the delay before an event can be read from storage."""
     metrics_interval_s: float = 5.0
     """How often the supervisor samples the metrics that change between events (heartbeat ages,
     goodput, the step rate) for Prometheus (`supervisor/metrics.py`); Ray's agent exports every 10 s."""
@@ -343,11 +340,8 @@ class ElasticConfig:
     """When stdout is not a terminal, how often `fit()` prints a status line (`verbosity` >= 1)."""
     run_record_interval_s: float = 5.0
     """How often the driver writes the run record (rank 0's metrics) to the run's folder
-    while the run goes on (`run_record.py`), so `Result.from_path` finds them if the driver dies; also
+    while the run goes on (`run_folder/record.py`), so `Result.from_path` finds them if the driver dies; also
     the longest one of its calls for new reports waits."""
-
-    def storage_retry(self) -> RetryPolicy:
-        return RetryPolicy(self.storage_retry_initial_s, self.storage_retry_max_s, self.storage_retry_deadline_s)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -411,6 +405,17 @@ class ElasticConfig:
                               "the allocator's defaults.")
 
 
+def _is_filesystem(value: Any) -> bool:
+    """Is `value` a filesystem that storage can be on (fsspec's, or pyarrow's as in Ray)?"""
+    import fsspec
+
+    if isinstance(value, fsspec.AbstractFileSystem):
+        return True
+    import pyarrow.fs
+
+    return isinstance(value, pyarrow.fs.FileSystem)
+
+
 @_ray_only({
     "worker_runtime_env": "give the runtime_env to ray.init(runtime_env=...)",
     "logging_config": "configure Python's logging in the loop",
@@ -431,18 +436,20 @@ class RunConfig:
     failure_config: FailureConfig | None = None
     elastic_config: ElasticConfig | None = None
     storage_options: Mapping[str, Any] | None = None
-    callbacks: list[UserCallback] | None = None
-    """Called in the driver process as the run goes (`callbacks.py`)."""
+    callbacks: list[Any] | None = None
+    """`UserCallback`s, called in the driver process as the run goes (`callbacks.py`)."""
     storage_filesystem: Any = None
     """A filesystem (pyarrow's, as in Ray, or fsspec's) on which `storage_path` is a path."""
 
     def __post_init__(self) -> None:
         if self.storage_filesystem is not None:
-            as_fsspec(self.storage_filesystem)  # refuses what is neither
+            if not _is_filesystem(self.storage_filesystem):
+                raise ConfigError("RunConfig(storage_filesystem=...) must be a pyarrow.fs.FileSystem or an fsspec "
+                                  f"filesystem, got {type(self.storage_filesystem).__name__}.")
             if not self.storage_path:
                 raise ConfigError("RunConfig(storage_filesystem=...) needs storage_path: the path on that "
                                   "filesystem under which the run's folder is made.")
-        wrong = [type(c).__name__ for c in self.callbacks or () if not isinstance(c, UserCallback)]
+        wrong = [type(c).__name__ for c in self.callbacks or () if not getattr(c, "is_elastic_train_callback", False)]
         if wrong:
             raise ConfigError(
                 f"RunConfig.callbacks: {', '.join(wrong)} is not an elastic_train.UserCallback; subclass it."

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import ConfigError, TrainingFailedError
-from elastic_train.run_record import HISTORY_KEYS, METRICS, RUN, read_json
-from elastic_train.supervisor.event_log import read_events
+from elastic_train.run_folder.record import HISTORY_KEYS, METRICS, RUN, read_json
+from elastic_train.run_folder.events import read_events
 
 
 def stored_checkpoint(storage: RunStorage, committed: CommittedCheckpoint) -> Checkpoint:
@@ -94,7 +94,7 @@ class Result:
                   storage_options: Mapping[str, Any] | None = None) -> "Result":
         """The result of the run whose folder is `path` (a `Result.path`: any fsspec URL, with the
         `storage_options` the run used; or, as in Ray, a path on `storage_filesystem`, pyarrow's or
-        fsspec's), read from its record (`run_record.py`), its event log
+        fsspec's), read from its record (`run_folder/record.py`), its event log
         (`events.jsonl`) and the manifests of its committed checkpoints. Works for a run under way,
         and after its driver died: the metrics are then those written up to
         `ElasticConfig.run_record_interval_s` before, the events up to `event_log_interval_s`.

@@ -35,9 +35,11 @@ from elastic_train.errors import ConfigError, ControllerError, PreemptionError, 
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed
 from elastic_train.result import Result, stored_checkpoint
-from elastic_train.run_record import RUN, RunRecord, load_trainer, read_json, to_json
+from elastic_train.run_folder.record import RUN, RunRecord, load_trainer, read_json, to_json
+from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.supervisor.actor import RunSummary, Supervisor
+from elastic_train.run_folder.summary import RunSummary
+from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
 from elastic_train.supervisor.state import RunState
 from elastic_train.torch.config import TorchConfig
@@ -288,7 +290,7 @@ class DataParallelTrainer:
         elastic = run.elastic_config or ElasticConfig()
         if self._torch_config is not None:
             elastic = dataclasses.replace(elastic, collective_timeout_s=float(self._torch_config.timeout_s))
-        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, elastic.storage_retry(),
+        storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, RetryPolicy.of(elastic),
                              run.storage_filesystem)
         if storage.process_local:
             raise ConfigError(

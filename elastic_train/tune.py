@@ -1,50 +1,8 @@
-"""Ray Tune over elastic_train: `ray.tune.integration.ray_train` → `elastic_train.tune` (needs the
-`tune` extra, `pip install elastic_train[tune]`).
-
-Two ways to tune, as with Ray Train:
-
-* **A trainer as the trainable** (the Tuner pattern of Ray Train's V1 guides):
-  `tune.Tuner(TorchTrainer(train_func, scaling_config=...), param_space={"lr": tune.loguniform(1e-5, 1e-2)},
-  tune_config=tune.TuneConfig(num_samples=20, scheduler=ASHAScheduler(metric="loss", mode="min")))`.
-  Each trial fits a copy of the trainer built from the trial's config: a key that names a TorchTrainer
-  argument (`train_loop_config`, `scaling_config`, `run_config`, ...) replaces that argument (a dict
-  updates the argument's fields or keys instead), every other key goes into `train_loop_config`. Each
-  report reaches Tune through a `TuneReportCallback`. When Tune stops the trial (a scheduler such as
-  ASHA, a stopper, the end of the experiment), the run ends cleanly before the trial's process goes: the workers
-  unwind, the newest checkpoint is committed, no torn folder stays.
-* **A function trainable** (Ray Train V2's guides): a function that builds a TorchTrainer per trial,
-  with `RunConfig(name=f"...{tune.get_context().get_trial_id()}", callbacks=[TuneReportCallback()])`.
-  When Tune stops such a trial its process ends under the run (Tune gives a function no hook to end
-  it first): the supervisor goes with the process, the workers end themselves, the committed
-  checkpoints stay, and a checkpoint whose upload was under way stays torn until a run of that name
-  starts again and sweeps it. Use the first pattern for clean stops.
-
-**Runs and restarts.** In the first pattern a trial's run is named `<RunConfig.name or
-"TorchTrainer">_<trial id>` and stored under the trainer's `RunConfig.storage_path` (Tune's own
-`storage_path` keeps Tune's records). A trial that Tune restarts (`tune.FailureConfig(max_failures=...)`,
-`Tuner.restore`) keeps its trial id, so its run resumes from its newest committed checkpoint:
-`get_checkpoint()` returns it in the loop. In the second pattern, put the trial id in the run's name
-for the same effect.
-
-**Checkpoints.** Reports reach Tune once their checkpoint is committed, with the checkpoint's folder
-(a path, or a URL for object stores) as the metric "checkpoint_path", as Ray's V2 callback does. The
-checkpoint is not copied into Tune's storage, so Tune's `Result.checkpoint` is None: read
-`best.metrics["checkpoint_path"]`, or the run folder above it
-(`elastic_train.Result.from_path(os.path.dirname(path))`). For the same reason Tune has no checkpoint
-to hand from trial to trial: schedulers that stop trials (ASHA, HyperBand, median stopping) work;
-PBT's exploit, which restarts a trial from another's checkpoint, does not.
-
-**Sizing.** Tune places each trial's process (the run's driver: it runs `fit()` and the callbacks, and
-owns the supervisor) with the trial's resources: 1 CPU unless `tune.with_resources(trainer, {...})`
-says otherwise. The run's workers are not part of them: each run's supervisor asks Ray for its
-`num_workers` workers (1 CPU each, plus 1 GPU with `use_gpu`, or `resources_per_worker`), outside the
-trial's placement group, and Tune does not see them. So bound the trials that run at once with
-`TuneConfig(max_concurrent_trials=...)`: for each resource R, trials × (R per trial + min workers ×
-R per worker) must fit in the cluster's R. With 16 CPUs and 8 GPUs, `num_workers=4, use_gpu=True`
-takes 4 GPUs and 5 CPUs a trial: 2 trials at once.
-Without the bound, Tune starts a trial for every CPU it sees free, and a run that cannot place its
-workers waits `ElasticConfig.min_workers_timeout_s` and fails. An elastic run (`num_workers=(min,
-max)`) starts with what is free (at least min) and grows into what finished trials release.
+"""Ray Tune over elastic_train: `ray.tune.integration.ray_train` → `elastic_train.tune` (the `tune`
+extra). A trainer is a trainable (Ray Train V1's Tuner pattern: each trial fits a copy built from its
+config, and ends cleanly when Tune stops it), and `TuneReportCallback` reports a run's metrics to
+the trial that runs it (V2's function trainables). How trials are named, resumed, checkpointed and
+sized: README, "Ray Tune".
 """
 
 from __future__ import annotations
@@ -52,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import ray.tune
 from ray.train._internal.session import get_session
@@ -61,12 +19,23 @@ from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 from elastic_train.callbacks import UserCallback
 from elastic_train.checkpoint.checkpoint import Checkpoint, is_local
 
-if TYPE_CHECKING:
-    from elastic_train.trainer import TorchTrainer
-
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # Ray's name for it (ray/tune/integration/ray_train.py)
+
+
+class Trainable(Protocol):
+    """What a trial needs of the trainer it fits (a `DataParallelTrainer`): its arguments by name, a
+    copy of it made from them, `fit()` and `stop()`."""
+
+    run_config: Any
+
+    @classmethod
+    def argument_names(cls) -> list[str]: ...
+
+    def fit(self) -> Any: ...
+
+    def stop(self, reason: str, timeout_s: float | None = None) -> bool: ...
 
 
 class TuneReportCallback(UserCallback):
@@ -98,7 +67,7 @@ class TuneReportCallback(UserCallback):
 
 @dataclasses.dataclass
 class _TrialRun:
-    trainer: TorchTrainer
+    trainer: Trainable
     callback: TuneReportCallback
 
 
@@ -106,7 +75,7 @@ _lock = threading.Lock()
 _current: _TrialRun | None = None  # the run of the trial this process hosts: Tune runs one at a time per actor
 
 
-def run_trial(trainer: TorchTrainer, config: dict[str, Any]) -> None:
+def run_trial(trainer: Trainable, config: dict[str, Any]) -> None:
     """One Tune trial of `trainer` (`TorchTrainer.__call__`): fits the trainer that the trial's config
     makes of it, reporting to Tune. A failed run raises (`TrainingFailedError`), failing the trial."""
     global _current
@@ -122,8 +91,8 @@ def run_trial(trainer: TorchTrainer, config: dict[str, Any]) -> None:
 
 
 def trainer_for_trial(
-    trainer: TorchTrainer, config: Mapping[str, Any], trial_id: str, callback: UserCallback
-) -> TorchTrainer:
+    trainer: Trainable, config: Mapping[str, Any], trial_id: str, callback: UserCallback
+) -> Trainable:
     """The trainer a trial fits: `trainer`'s arguments with the trial's config over them (keys that name
     an argument update it, the others go into `train_loop_config`), its run named after the trial and
     followed by `callback` too."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-import time
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed, ReportRecord
-from elastic_train.supervisor.event_log import EVENT_LOG, EventLog, read_events
+from elastic_train.run_folder.events import EVENT_LOG, EventLog, read_events
 from elastic_train.trainer import attach
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import Exit
+from elastic_train.checkpoint.manifest import Manifest
+from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.protocol import Exit, ResumePlan
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.goodput import GoodputAccount
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
 from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
 from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
 
@@ -258,3 +260,66 @@ def test_goodput_counts_the_steps_kept_and_recovery_runs_from_the_fault_to_the_n
     assert account.goodput(18.0) == pytest.approx(4 * 0.5 / 8)
     assert account.opened(2, 0, now=19.0) == 4  # resumed from the start: nothing made counts any more
     assert account.kept == {} and account.steps_redone == 6
+
+
+# -- checkpoints: where a generation resumes, what is stored as the run ends ---------------------
+def _stored(index: int) -> CommittedCheckpoint:
+    return CommittedCheckpoint(index, f"/run/checkpoint_{index}", Manifest(index, 0, 1, {}, loader_states=[{"at": index}]))
+
+
+@pytest.mark.timeout(10)
+def test_a_generation_resumes_from_memory_unless_storage_holds_a_newer_checkpoint():
+    memory = ResumePlan(7, {10: ["model.pt"]}, generation=1)
+    assert policy.resume_from(memory, None) is memory
+    assert policy.resume_from(memory, _stored(7)) is memory  # as new: memory is faster
+    from_storage = policy.resume_from(memory, _stored(9))
+    assert (from_storage.index, from_storage.stored.index, from_storage.loader_states) == (9, 9, [{"at": 9}])
+    assert policy.resume_from(None, _stored(3)).stored.index == 3 and policy.resume_from(None, None) is None
+
+
+def _entry(**fields) -> ReportEntry:
+    entry = ReportEntry(generation=2, world_size=2, parts={0: (10, ["shard_0"]), 1: (11, ["shard_1"])})
+    for name, value in fields.items():
+        setattr(entry, name, value)
+    return entry
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("entry, generation, live, replaceable, expected", [
+    (_entry(persist=True), 2, {10, 11}, False, False),  # both uploaders alive: it may still commit
+    (None, 2, {10, 11}, False, True),  # its generation rewound past it
+    (_entry(persist=True), 1, {10, 11}, False, True),  # another generation's report of that index
+    (_entry(persist=True, given_up=True), 2, {10, 11}, False, True),  # a part given up
+    (_entry(persist=True), 2, {10}, False, True),  # worker 11 had to store its part and is gone
+    (_entry(persist=True, persisted={11: {}}), 2, {10}, False, False),  # ... but had stored it first
+    (_entry(registered=True, registered_by={1}), 2, {10}, False, True),  # the rank that stored it itself is gone
+    (_entry(registered=True, registered_by={0, 1}), 2, {10}, False, False),  # one of those that did lives
+    (_entry(persist=False), 2, {10, 11}, True, False),  # replaceable, but of the current generation
+    (_entry(generation=1, persist=False), 1, {10, 11}, True, True),  # replaced by the newer generation's
+    (_entry(generation=1, persist=False, persisted={10: {}}), 1, {10, 11}, True, False),  # already stored
+])
+def test_a_checkpoint_held_back_is_let_through_without_it_only_when_it_can_no_longer_commit(
+        entry, generation, live, replaceable, expected):
+    assert policy.hopeless(entry, generation, current_generation=2, live=live, members={0: 10, 1: 11},
+                           replaceable=replaceable) is expected
+
+
+@pytest.mark.timeout(10)
+def test_the_run_ends_by_storing_the_newest_checkpoint_held_only_when_storage_lacks_it():
+    newest = ResumePlan(8, {10: ["model.pt"]}, generation=2)
+    assert policy.final_flush(newest, 5, None, failed=False) is newest  # nothing of it in storage
+    assert policy.final_flush(newest, 8, None, failed=False) is None  # committed already
+    assert policy.final_flush(newest, 5, _entry(persisted={10: {}}), failed=False) is None  # on its way
+    assert policy.final_flush(newest, 5, _entry(persisted={10: {}}), failed=True) is newest  # a failed run's, whatever
+    assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, failed=True) is None  # a kept state: never
+    assert policy.final_flush(None, 0, None, failed=True) is None
+
+
+@pytest.mark.timeout(10)
+def test_workers_leaving_under_a_notice_hand_over_or_store_what_only_they_hold():
+    whole, kept = ResumePlan(8), ResumePlan(6)
+    assert policy.hand_over(whole, kept, anyone_stays=True) is policy.HandOver.MOVE
+    assert policy.hand_over(whole, None, anyone_stays=False) is policy.HandOver.STORE
+    assert policy.hand_over(whole, ResumePlan(8), anyone_stays=True) is policy.HandOver.NOTHING  # held by who stays
+    assert policy.hand_over(ResumePlan(8, state_only=True), None, anyone_stays=False) is policy.HandOver.NOTHING
+    assert policy.hand_over(None, None, anyone_stays=True) is policy.HandOver.NOTHING

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import tenacity
 
+from elastic_train.config import ElasticConfig
 from elastic_train.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,11 @@ class RetryPolicy:
     initial_s: float = 0.2
     max_s: float = 10.0
     deadline_s: float = 120.0
+
+    @classmethod
+    def of(cls, elastic: ElasticConfig) -> "RetryPolicy":
+        """The policy `ElasticConfig.storage_retry_*` set."""
+        return cls(elastic.storage_retry_initial_s, elastic.storage_retry_max_s, elastic.storage_retry_deadline_s)
 
     def call(self, what: str, fn, *args, **kwargs):  # noqa: ANN001, ANN201 - a thin typed-by-use wrapper
         """`fn(*args, **kwargs)`, retried on transient errors; a permanent one raises `StorageError`."""

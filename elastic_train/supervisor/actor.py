@@ -14,7 +14,6 @@ import os
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -42,7 +41,8 @@ from elastic_train.supervisor.agreement import Agreements
 from elastic_train.supervisor.adoption import describe_workers, worker_prefix
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
-from elastic_train.supervisor.event_log import EventLog
+from elastic_train.run_folder.events import EventLog
+from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor.heartbeats import HeartbeatEndpoint, open_endpoint
 from elastic_train.supervisor import notices
@@ -56,26 +56,6 @@ from elastic_train.supervisor.workers import WorkerPool, release
 from elastic_train.worker.actor import WorkerSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSummary:
-    """What `fit()` turns into a `Result`."""
-
-    state: RunState
-    error: str | None
-    metrics: dict[str, Any]
-    metrics_history: list[dict[str, Any]]
-    checkpoints: list[CommittedCheckpoint]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    worker_failures: dict[int, BaseException] = field(default_factory=dict)
-    """World rank -> what the user's code raised there, in the failure that ended the run."""
-    preemption: PreemptionInfo | None = None
-    """The preemption that spent FailureConfig.max_preemption_failures, if that ended the run."""
-    stopped: str | None = None
-    """Why `stop_run` ended the run, if it did."""
-    returned: bytes | None = None
-    """What rank 0's loop returned, pickled (`Result.return_value`), if the run finished."""
 
 
 class Supervisor:
@@ -429,11 +409,7 @@ class Supervisor:
 
     def _resume_plan(self, live: set[int]) -> ResumePlan | None:
         """The newest checkpoint there is: served from survivors' memory, else loaded from storage."""
-        in_memory = self._ledger.resume_plan(live, self._holds())
-        stored = self._commits.newest
-        if stored is None or (in_memory is not None and in_memory.index >= stored.index):
-            return in_memory
-        return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
+        return policy.resume_from(self._ledger.resume_plan(live, self._holds()), self._commits.newest)
 
     def _leaving_released(self) -> bool:
         """Workers under a preemption notice leave once the generation they were in has ended: first
@@ -452,16 +428,13 @@ class Supervisor:
         staying = [w for w in self._members() if w.status is WorkerStatus.PARKED and w.worker_id not in leaving_ids]
         whole = self._ledger.resume_plan({w.worker_id for w in leaving + staying}, self._holds())
         kept = self._ledger.resume_plan({w.worker_id for w in staying}, self._holds())
-        flush = None
+        do = policy.hand_over(whole, kept, anyone_stays=bool(staying))
+        flush = whole if do is policy.HandOver.STORE else None
         try:
-            if whole is not None and (kept is None or kept.index < whole.index):
-                if staying:
-                    target = min(staying, key=lambda w: w.rank)
-                    moves = [self._hand_over_part(self._pool.records[wid], target, whole, names)
-                             for wid, names in whole.holders.items() if wid in leaving_ids]
-                    await asyncio.gather(*moves)
-                elif not whole.state_only:
-                    flush = whole  # nobody stays: the leaving workers store it before they go
+            if do is policy.HandOver.MOVE:
+                target = min(staying, key=lambda w: w.rank)
+                await asyncio.gather(*[self._hand_over_part(self._pool.records[wid], target, whole, names)
+                                       for wid, names in whole.holders.items() if wid in leaving_ids])
         finally:
             for w in leaving:
                 release(w, Stop("left under a preemption notice", flush=flush))
@@ -506,12 +479,9 @@ class Supervisor:
         re-formed at the loop's last report; its new session had no step left to run and so nothing
         of its own to flush)."""
         newest = self._ledger.resume_plan(self._pool.live_ids(), self._holds())
-        stored = self._commits.newest.index if self._commits.newest else 0
-        if newest is None or newest.index <= stored or newest.state_only:  # a state kept for recovery alone
-            return None
-        entry = self._ledger.entries.get(newest.index)
-        storing = entry is not None and (entry.committed or bool(entry.persisted))
-        return newest if self._state is RunState.ERRORED or not storing else None
+        return policy.final_flush(newest, self._commits.newest.index if self._commits.newest else 0,
+                                  self._ledger.entries.get(newest.index) if newest else None,
+                                  failed=self._state is RunState.ERRORED)
 
     async def _members_leave(self) -> None:
         """A failed run's members that are still in the generation (a peer raised while they wait in a
@@ -564,14 +534,10 @@ class Supervisor:
         generation rewound past it, a part was given up, a worker that had to store a part (or, for
         one the loop stored itself, every rank that registered it) is gone; or, under a cadence that
         replaces waiting uploads, a newer generation's checkpoint replaced it before its upload began."""
-        live = self._pool.live_ids()
+        live, members = self._pool.live_ids(), {w.rank: w.worker_id for w in self._members()}
         for generation, index in self._feed.awaiting():
-            entry = self._ledger.entries.get(index)
-            if (entry is None or entry.generation != generation or entry.given_up
-                    or entry.unstored() - live
-                    or (entry.registered and not entry.persisted
-                        and not {w.worker_id for w in self._members() if w.rank in entry.registered_by} & live)
-                    or (self._cadence.replaceable and generation < self._generation and not entry.persisted)):
+            if policy.hopeless(self._ledger.entries.get(index), generation, current_generation=self._generation,
+                               live=live, members=members, replaceable=self._cadence.replaceable):
                 self._settled(generation, index, None)
 
     def _holds(self) -> dict[int, set[tuple[int, int]]]:

@@ -21,11 +21,11 @@ from elastic_train.protocol import Pace
 from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.membership import LostCause, WorkerRecord
 from elastic_train.supervisor.state import RunState
+from elastic_train.run_folder.events import LOST_KINDS
 
 PREFIX = "elastic_train_"
 WORKER_TAGS = ("run", "rank", "node")
 SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]
-LOST_KINDS = ("worker_lost", "worker_left")  # events of a worker leaving the run, with its `cause`
 
 
 def _gauge(name: str, description: str, tags: tuple[str, ...] = ("run",)) -> Gauge:

@@ -7,8 +7,15 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import Exit
+from elastic_train.protocol import Exit, ResumePlan
+
+if TYPE_CHECKING:
+    from elastic_train.checkpoint.storage import CommittedCheckpoint
+    from elastic_train.supervisor.ledger import ReportEntry
 
 
 @dataclass(frozen=True)
@@ -147,3 +154,57 @@ def scheduling(*, parked: int, starting: int, first: bool, expected_initial: int
             f"min_workers_timeout_s={elastic.min_workers_timeout_s}s. Add capacity to the cluster, lower "
             "ScalingConfig.num_workers, or raise ElasticConfig.min_workers_timeout_s."))
     return Decision(Do.WAIT)
+
+
+# -- checkpoints: where a generation resumes, what is stored as the run ends ---------------------
+def resume_from(in_memory: ResumePlan | None, stored: CommittedCheckpoint | None) -> ResumePlan | None:
+    """The newest checkpoint there is: served from survivors' memory (`in_memory`) when it is at least
+    as new as storage's newest, else loaded from storage; None when there is neither."""
+    if stored is None or (in_memory is not None and in_memory.index >= stored.index):
+        return in_memory
+    return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
+
+
+def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],
+             members: Mapping[int, int], replaceable: bool) -> bool:
+    """Can checkpoint `entry`, reported in `generation`, no longer commit? Its generation rewound past
+    it (no entry, or another generation's), a part was given up, a worker that had to store a part is
+    gone (or, for one the loop stored itself, every rank that registered it), or, under a cadence
+    that replaces waiting uploads, a newer generation's checkpoint replaced it before its upload.
+    `live`: the workers alive; `members`: the current generation's worker id by rank."""
+    if entry is None or entry.generation != generation or entry.given_up or entry.unstored() - live:
+        return True
+    registrars = {members[rank] for rank in entry.registered_by if rank in members}
+    if entry.registered and not entry.persisted and not registrars & live:
+        return True
+    return replaceable and generation < current_generation and not entry.persisted
+
+
+def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry | None, *,
+                failed: bool) -> ResumePlan | None:
+    """What the workers store as the run ends: the newest checkpoint they hold (`newest`), if storage
+    has nothing of it (`stored_index`: its newest committed) and it is on no way there (`entry`
+    neither committed nor stored by a worker; a failed run's is stored whatever); never a state
+    kept for recovery alone."""
+    if newest is None or newest.index <= stored_index or newest.state_only:
+        return None
+    storing = entry is not None and (entry.committed or bool(entry.persisted))
+    return newest if failed or not storing else None
+
+
+class HandOver(str, enum.Enum):
+    """What workers leaving under a preemption notice do with the checkpoint a new generation resumes from."""
+
+    NOTHING = "nothing"  # the staying workers hold it already (or it is a kept state nobody stores)
+    MOVE = "move"  # they hand what only they hold of it to a staying worker
+    STORE = "store"  # nobody stays: they store it before they go
+
+
+def hand_over(whole: ResumePlan | None, kept: ResumePlan | None, *, anyone_stays: bool) -> HandOver:
+    """`whole`: the newest checkpoint the leaving and staying workers hold together; `kept`: the
+    newest the staying ones hold alone."""
+    if whole is None or (kept is not None and kept.index >= whole.index):
+        return HandOver.NOTHING
+    if anyone_stays:
+        return HandOver.MOVE
+    return HandOver.NOTHING if whole.state_only else HandOver.STORE

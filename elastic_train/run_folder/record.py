@@ -5,7 +5,7 @@ The driver writes it as the run goes, so that it survives the driver: the run's 
 `ElasticConfig.run_record_interval_s` and at the end; and, once at the start, `trainer.pkl`: the loop and the trainer's arguments, pickled with
 cloudpickle (as Ray does), so that `TorchTrainer.restore(path)` can go on without the loop. The
 checkpoint list is not recorded here: the committed checkpoints' manifests are the record of them;
-nor are the events: the supervisor writes them (`events.jsonl`, supervisor/event_log.py).
+nor are the events: the supervisor writes them (`events.jsonl`, run_folder/events.py).
 
 Reading: the JSON files are parsed as JSON. `trainer.pkl` is the only file ever unpickled, and only
 by `load_trainer`, which `TorchTrainer.restore` calls when it is not given the loop. Storage
@@ -27,7 +27,7 @@ from elastic_train.protocol import ReportRecord
 from elastic_train.errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
-    from elastic_train.supervisor.actor import RunSummary
+    from elastic_train.run_folder.summary import RunSummary
 
 logger = logging.getLogger(__name__)
 

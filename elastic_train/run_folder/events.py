@@ -20,11 +20,12 @@ from typing import Any
 
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError, StorageError
-from elastic_train.run_record import to_json
+from elastic_train.run_folder.record import to_json
 
 logger = logging.getLogger(__name__)
 
 EVENT_LOG = "events.jsonl"
+LOST_KINDS = ("worker_lost", "worker_left")  # events of a worker leaving the run, with its `cause`
 
 
 def read_events(storage: RunStorage) -> list[dict[str, Any]]:

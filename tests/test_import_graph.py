@@ -1,0 +1,88 @@
+"""elastic_train's modules import one another without a circle (as Ray Train checks its own,
+tests/test_circular_imports.py). Every import counts: at module level, inside a function, and under
+`TYPE_CHECKING`; a circle that a deferred import hides is still one layer reaching up into another."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "elastic_train"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project's modules that `module` imports by name (a package's own `__init__` when the
+    name is one of its attributes)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
+    return {name for name in found if name in modules and name != module}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+@pytest.mark.timeout(30)
+def test_no_module_of_elastic_train_imports_itself_through_others():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert graph["elastic_train.trainer"] >= {"elastic_train.config", "elastic_train.supervisor.actor"}  # it reads
+    assert _circles(graph) == []
+
+
+@pytest.mark.timeout(10)
+def test_the_check_finds_a_circle_through_a_deferred_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.timeout(10)
+def test_config_imports_nothing_of_the_project_but_its_errors():
+    modules = _modules()
+    assert _imports("elastic_train.config", modules["elastic_train.config"], modules) == {"elastic_train.errors"}
