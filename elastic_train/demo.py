@@ -74,7 +74,7 @@ class Monitor:
             time.sleep(0.2)
             try:
                 supervisor = supervisor or attach(self.run_name)
-                self.status = ray.get(supervisor.status.remote(), timeout=5)
+                self.status = ray.get(supervisor.status.options(max_task_retries=0).remote(), timeout=5)
             except (ValueError, ray.exceptions.RayError):
                 continue
             step = self.status["metrics"].get("step", 0)

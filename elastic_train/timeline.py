@@ -10,6 +10,7 @@ from typing import Any
 
 from elastic_train.errors import ConfigError
 from elastic_train.result import Result
+from elastic_train.run_folder.events import LOST_KINDS
 
 SIZE_PX = (1200, 600)  # the PNG's width and height
 DPI = 100
@@ -42,6 +43,26 @@ def step_rate(times: list[float], window: int = RATE_WINDOW) -> tuple[list[float
     return [t for t, _ in points], [r for _, r in points]
 
 
+def world_over_time(events: list[dict[str, Any]]) -> tuple[list[float], list[int]]:
+    """The world size at each change: a generation's as it opens, less each of its members lost or
+    gone since, until the next one opens (a fixed-size run waiting for a replacement is drawn with its
+    survivors, not the size it had)."""
+    times, sizes = [], []
+    generation, size, gone = None, 0, set()
+    for event in events:
+        if event["kind"] == "generation":
+            generation, size, gone = event["generation"], event["world_size"], set()
+        elif (event["kind"] in LOST_KINDS and generation is not None and event.get("generation") == generation
+              and event.get("rank", -1) >= 0 and event.get("worker_id") not in gone):
+            gone.add(event.get("worker_id"))  # lost as it left under a notice: told twice, counted once
+            size = max(0, size - 1)
+        else:
+            continue
+        times.append(event["time"])
+        sizes.append(size)
+    return times, sizes
+
+
 def draw(result: Result, output: str | Path) -> Path:
     """Write the run's timeline to the PNG `output`."""
     plt = _pyplot()
@@ -55,12 +76,10 @@ def draw(result: Result, output: str | Path) -> Path:
     rate.set_ylabel("steps / s")
     rate.set_title(f"{Path(result.path).name}: {len(result.metrics_history)} reports, "
                    f"{len(result.best_checkpoints)} checkpoints kept")
-    generations = [e for e in events if e["kind"] == "generation"]
-    if generations:
+    changed, ys = world_over_time(events)
+    if changed:
         end = max([e["time"] for e in events if "time" in e] + times)
-        xs = [e["time"] - start for e in generations] + [end - start]
-        ys = [e["world_size"] for e in generations]
-        world.step(xs, ys + ys[-1:], where="post", color="tab:green")
+        world.step([t - start for t in changed] + [end - start], ys + ys[-1:], where="post", color="tab:green")
         world.set_ylim(0, max(ys) + 1)
     world.set_ylabel("world size")
     world.set_xlabel("seconds since the run started")

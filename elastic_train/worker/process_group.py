@@ -1,66 +1,12 @@
 """The torch.distributed process group of one generation: join, abort, leave.
 
 A survivor keeps its process across generations; only the group is torn down and rebuilt. Each
-generation's group is this process's *default* group (`init_process_group` on the generation's own
-store prefix), so user code that calls `dist.all_reduce(x)`, `dist.get_rank()` or builds DDP without
-naming a group works unchanged, and sees the generation's world. This object owns that group: it
-aborts it, and tears it down (with any subgroup the loop made in it), itself.
-
-Abort is generation-scoped: `abort(g)` acts only on the group of generation `g`. A late abort (for g,
-arriving after this worker left g and joined g+1) is ignored. One that arrives while g's group is
-still forming ends the join at once: a peer that died during the rendezvous would otherwise hold the
-others in it for longer than the rendezvous timeout (torch's store client retries its connect to a
-dead rank 0 for up to ~2.5 x that timeout, measured: 50 s at 20 s), past `drain_timeout_s`, and the
-supervisor would drop them as hung. The store client connects on a helper thread the join stops
-waiting for; once connected, the abort shuts down this process's connections to the store (rank 0's
-server side too), so the rendezvous' store waits fail at once. An abort that lands after
-`init_process_group` returned aborts the group as soon as the join holds it.
-
-Gloo has no abort for an operation in flight (`ProcessGroupGloo.abort()` returns, the op waits its
-full timeout: measured on torch 2.13), so `abort()` shuts down the group's own TCP connections: the op
-fails at once ("Connection closed by peer"). Which connections: gloo publishes each rank's listening
-address in the group's store at rendezvous (gloo/transport/tcp/context.cc, `Rank::bytes`); a gloo
-connection is one whose local end is this rank's listener or whose remote end is a peer's. Each
-socket is checked again on a duplicate of its descriptor before it is shut down, so a descriptor
-reused meanwhile is left alone. Sockets that other threads open (S3, Ray) never match. (Gloo
-subgroups the loop makes with `new_group` have listeners of their own and are not interrupted; DDP
-and `dist.*` calls without a group use the default one.)
-
-NCCL. Measured on an H100 (torch 2.11, NCCL 2.28, /work/shared/gpu/README.md), stock settings let
-survivors die: c10d's watchdog saw the dead peer's error, slept 4 x the dump timeout (60 s) and took
-the process down; with error handling "CleanUpOnly" the process lived but `destroy_process_group()`
-blocked 123 s behind that sleep. What this module does instead, as torchft's ProcessGroupNCCL does
-where it applies:
-* non-blocking communicators (`config.blocking = False`), bound to this worker's GPU at join, so
-  another thread can abort them while an operation is in flight;
-* the watchdog may abort a failed or timed-out communicator but never end the process, and does
-  not sleep a minute first: `nccl_env()` (worker/nccl_env.py), set before the first NCCL group;
-* `abort(g)` aborts the group's communicators (`ProcessGroup.abort()`, in one NCCL group call as
-  c10d's own abort does) on a helper thread: the caller (heartbeat or RPC thread) never blocks;
-* teardown off the training thread with a deadline: `leave()` forgets the groups in c10d's registry
-  at once (what `destroy_process_group()` does after shutting the backends down), and a teardown
-  thread aborts (NCCL) or shuts down (gloo) them and drops the last references, so that destructors
-  joining c10d's threads run there. The next `join()` waits for it at most `destroy_timeout_s`, then
-  goes on without it (its resources stay held, logged). NCCL groups are aborted rather than
-  finalized: a graceful finalize waits for peers that may be gone, and the state of the next
-  generation comes from checkpoints, not from collectives left in flight.
-
-Not used, with reasons:
-* torchft as a dependency. Its reconfigurable groups are Python `ProcessGroup` wrappers that add a
-  user-space timer to every operation (the hot path of DDP), and they can only be registered as a
-  world-size-1 group, so they cannot be the default group that `dist.all_reduce(x)` and
-  `dist.get_world_size()` use. Its ProcessGroupNCCL sets no watchdog variables (its PR #141 leaves
-  them as a TODO): the 60 s teardown above would remain. What it does that matters (non-blocking
-  comms, eager device binding, abort from another thread, a fresh group per configuration) is the
-  few lines here. Its subprocess-isolated ProcessGroupBabyNCCL is the fallback if a GPU run shows
-  that an in-process communicator cannot be recovered.
-* `distributed_c10d.shrink_group` (torch >= 2.13, NCCL >= 2.27). It needs the old communicator
-  healthy or shrinks it with SHRINK_ABORT, and the set of excluded ranks on every survivor. Here a
-  failure is handled by aborting the group before the next membership is known (`end_generation`
-  carries only the generation), and a planned shrink (a preemption notice) unwinds at a report boundary where a
-  fresh init costs little: re-forming NCCL at world 2 took 0.08 s in the measurement. Using it would
-  take the supervisor sending the excluded ranks with the abort; gloo cannot shrink (2.13), so the
-  path could not be tested here either.
+generation's group is this process's *default* group, so `dist.all_reduce(x)`, `dist.get_rank()` and
+DDP without a named group work unchanged and see the generation's world. `abort(g)` acts only on
+generation `g`'s group, at once, from any thread (gloo: its TCP connections are shut down; NCCL:
+non-blocking communicators aborted), also while that group is still forming; `leave()` tears the
+group down off the training thread, with a deadline. docs/process_group.md: why each step, what was
+measured, and what was not used.
 """
 
 from __future__ import annotations

@@ -2,30 +2,11 @@
 
 Every rank calls `report()` alike (as in Ray Train), and reports are made in lockstep: no rank
 leaves report `k + 1` before every rank has made report `k`, so a lost peer's last report is at
-most one behind the survivors'. The supervisor used to be that barrier, a Ray round trip per report
-(~5 ms a step on 2 cores). Here it is one all-reduce of a few flags over the group the loop already
-has, which also carries what every rank must decide alike:
-
-* `checkpoint`: some rank reports a checkpoint the supervisor decides on, so every rank takes the
-  round trip through it, which decides whether it is stored and answers once it is recorded;
-* `unwind`: some rank was asked to leave the loop at this report (the group is being resized):
-  all ranks leave after the same report;
-* `every_part`, `some_part`: every rank, some rank, reports a checkpoint part (a state kept live is
-  not one: worker/kept_state.py);
-* `store_live`: some rank holds a live dict part due to be stored (`CheckpointConfig.persist_due`).
-  When every rank holds one, the ranks need no one to decide: rank 0 stores it, none takes a round trip.
-
-Waiting for the all-reduce is most of a report's cost: ~1-2 ms on 2 cores, where the same
-all-reduce issued and awaited one report later costs ~0.2 ms (thread and process wake-ups, not
-bytes). So a plain report (no checkpoint, nothing to decide: `goes_on`) issues its all-reduce and
-returns; the next report waits for it. A report that must decide waits at once. Every rank knows
-the previous report's agreement when it decides, so all ranks wait at a report that follows a
-notable one; after a plain one, a rank that waits may have peers that went on, and defers what all
-must do alike (`unwind`) to the next report, where every rank waits.
-
-A lost peer makes the all-reduce fail (gloo: its connection closes; a hung one: the supervisor
-aborts the group); the loop then unwinds like any failed collective. Its wait is bounded by
-`ElasticConfig.collective_timeout_s`, like every collective of the loop.
+most one behind the survivors'. The barrier is one all-reduce of a few flags (`Agreement`) over the
+group the loop already has, carrying what every rank must decide alike: a checkpoint for the
+supervisor to decide on, an unwind (the group is being resized), which ranks report parts, a live
+part due to be stored. A plain report issues its all-reduce and returns, the next report waits for
+it; a report that must decide waits at once. docs/report_barrier.md: the flags and the costs.
 """
 
 from __future__ import annotations

@@ -80,6 +80,9 @@ def invariant_loop(config: dict) -> dict | None:
             checkpoint = None if live else et.Checkpoint.from_dict(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "counts": counts, "step": step})
             et.report({"step": step, "epoch": epoch, "loss": loss.item()}, checkpoint=checkpoint)
+    while world < config.get("end_at_world", 0):  # a run that must end grown waits for its growth
+        time.sleep(config.get("step_time", 0.0))  # reporting: the supervisor unwinds the loop at a report
+        et.report({"step": step, "epoch": epochs - 1, "waiting_for_world": config["end_at_world"]})
     return {"model": model.state_dict(), "counts": counts, "step": step} if live else None
 
 

@@ -26,14 +26,15 @@ def chaos_trainer(run_dirs: dict, workers: int | tuple[int, int], *, step_time: 
                   storage_path: str | None = None, storage_options: dict | None = None,
                   elastic: et.ElasticConfig | None = None,
                   checkpoint_config: et.CheckpointConfig | None = None, live_state: bool = False,
-                  fault: dict | None = None) -> et.TorchTrainer:
+                  fault: dict | None = None, end_at_world: int = 0) -> et.TorchTrainer:
     """The invariant loop's trainer; with `live_state`, a loop with no checkpoint (its SGD has momentum:
-    the optimizer's state must survive too)."""
+    the optimizer's state must survive too); with `end_at_world`, a loop that ends only at that world
+    size (it waits at its end, reporting, for a growth)."""
     return et.TorchTrainer(
         invariant_loop,
         train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": EPOCHS, "global_batch": GLOBAL_BATCH,
                            "step_time": step_time, "live_state": live_state, "momentum": MOMENTUM if live_state else 0.0,
-                           "fault": fault},
+                           "fault": fault, "end_at_world": end_at_world},
         scaling_config=et.ScalingConfig(num_workers=workers),
         run_config=et.RunConfig(name="run", storage_path=storage_path or run_dirs["storage"],
                                 storage_options=storage_options, elastic_config=elastic,

@@ -158,7 +158,9 @@ def test_storage_outage_delays_persistence_only(local_ray, run_dirs, s3_bucket):
 @pytest.mark.timeout(300)
 def test_node_holding_rank_0_lost_then_a_node_added(three_node_cluster, run_dirs):
     cl, _ = three_node_cluster
-    join = fit_in_background(chaos_trainer(run_dirs, (2, 3)))
+    # The run ends at world 3 only: under load its steps could all be done before the added node's
+    # worker joins, so it waits for the growth at its end instead of racing it.
+    join = fit_in_background(chaos_trainer(run_dirs, (2, 3), end_at_world=3))
     ctx = attach(run_dirs, 3, cluster=cl)
     ChaosRunner(ctx, schedules.at([0.5]), fault="lose-node", target="node-of-rank0").run()
     ChaosRunner(ctx, schedules.at([2.0]), fault="add-node").run()
