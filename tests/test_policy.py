@@ -11,6 +11,7 @@ from elastic_train.protocol import Exit, ResumePlan
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
+from elastic_train.supervisor.membership import WorkerRecord, plan_generation
 from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
 from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
 
@@ -323,3 +324,25 @@ def test_workers_leaving_under_a_notice_hand_over_or_store_what_only_they_hold()
     assert policy.hand_over(whole, ResumePlan(8), anyone_stays=True) is policy.HandOver.NOTHING  # held by who stays
     assert policy.hand_over(ResumePlan(8, state_only=True), None, anyone_stays=False) is policy.HandOver.NOTHING
     assert policy.hand_over(None, None, anyone_stays=True) is policy.HandOver.NOTHING
+
+
+# -- the next generation: who is in it, at which rank, who keeps whose copy ----------------------
+def _worker(worker_id: int, node: str, generation: int = -1, rank: int = -1) -> WorkerRecord:
+    return WorkerRecord(worker_id, actor=None, node_id=node, generation=generation, rank=rank)
+
+
+@pytest.mark.timeout(10)
+def test_a_generation_keeps_its_survivors_order_then_takes_newcomers_by_id_up_to_the_maximum():
+    # Generation 3 had workers 7 (rank 0), 5 (rank 2) and 9 (rank 1); rank 1 is gone, 2 and 4 are new,
+    # and worker 6 sat out generation 3 as a standby (rank -1): a newcomer too.
+    candidates = [_worker(5, "b", 3, 2), _worker(4, "a"), _worker(7, "a", 3, 0), _worker(2, "b"), _worker(6, "c", 3, -1)]
+    plan = plan_generation(candidates, generation=3, max_workers=4, replicate=True)
+    assert {wid: p.rank for wid, p in plan.placements.items()} == {7: 0, 5: 1, 2: 2, 4: 3}
+    assert list(plan.placements) == [7, 5, 2, 4] and plan.master == 7  # rank 0 stays rank 0
+    assert plan.buddies == {7: 5, 5: 2, 2: 4, 4: 7}  # the next rank keeps a copy, in a ring
+    assert {wid: (p.node_rank, p.local_rank, p.local_world_size) for wid, p in plan.placements.items()} == {
+        7: (0, 0, 2), 5: (1, 0, 2), 2: (1, 1, 2), 4: (0, 1, 2)}
+    # A survivor of an older generation is a newcomer; alone, or without replication, nobody keeps a copy.
+    alone = plan_generation([_worker(8, "a", 1, 0)], generation=3, max_workers=4, replicate=True)
+    assert alone.master == 8 and alone.buddies == {}
+    assert plan_generation(candidates, generation=3, max_workers=2, replicate=False).buddies == {}

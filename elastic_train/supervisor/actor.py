@@ -49,7 +49,7 @@ from elastic_train.supervisor import notices
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
 from elastic_train.supervisor.pace import PaceWatch, peer_medians
 from elastic_train.supervisor.metrics import RunMetrics
-from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus, assign_ranks
+from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus, plan_generation
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.supervisor.workers import WorkerPool, release
@@ -357,12 +357,10 @@ class Supervisor:
         self._transition(RunState.ERRORED)
 
     def _open_generation(self, candidates: list[WorkerRecord]) -> None:
-        survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
-        newcomers = [w for w in candidates if w not in survivors]
-        chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[
-            : self._scaling.max_workers
-        ]
-        placements = assign_ranks([w for w in chosen if w in survivors], [w for w in chosen if w not in survivors])
+        plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
+                               self._elastic.replicate_checkpoints)
+        records = {w.worker_id: w for w in candidates}
+        chosen, placements = [records[worker_id] for worker_id in plan.placements], plan.placements
         self._close_generation()
         self._generation += 1
         self._world_size = len(chosen)
@@ -371,9 +369,7 @@ class Supervisor:
         self._max_index = resume.index if resume else 0
         self._resize_at = None
         self._cadence.forget_in_flight()
-        master = next(w for w in chosen if placements[w.worker_id].rank == 0)
-        by_rank = {placements[w.worker_id].rank: w for w in chosen}
-        replicate = self._elastic.replicate_checkpoints and len(chosen) > 1
+        master = records[plan.master]
         peers = {w.worker_id: w.actor for w in chosen}
         opened = time.monotonic()
         for w in chosen:
@@ -391,7 +387,7 @@ class Supervisor:
                 master_port=master.free_port,
                 resume=resume,
                 peers=peers,
-                buddy=by_rank[(p.rank + 1) % len(chosen)].actor if replicate else None,
+                buddy=records[plan.buddies[w.worker_id]].actor if w.worker_id in plan.buddies else None,
                 max_world_size=self._scaling.max_workers,
             )
             release(w, assignment)

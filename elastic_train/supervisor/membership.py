@@ -80,3 +80,30 @@ def assign_ranks(survivors: list[WorkerRecord], newcomers: list[WorkerRecord]) -
         )
         for rank, w in enumerate(ordered)
     }
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """Who is in the next generation and where: each member's placement by worker id (in rank
+    order), rank 0's worker (it serves the rendezvous), and each member's buddy, the next rank, which
+    keeps a copy of its checkpoint parts (none when not replicating, or alone)."""
+
+    placements: dict[int, Placement]
+    master: int
+    buddies: dict[int, int]
+
+
+def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers: int,
+                    replicate: bool) -> GenerationPlan:
+    """The next generation of `candidates` (the parked workers ready to join, after `generation`):
+    its survivors first, in their order (rank 0 stays rank 0), then newcomers by worker id, at most
+    `max_workers` in all."""
+    survivors = [w for w in candidates if w.generation == generation and w.rank >= 0]
+    kept = {w.worker_id for w in survivors}
+    newcomers = [w for w in candidates if w.worker_id not in kept]
+    chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[:max_workers]
+    placements = assign_ranks([w for w in chosen if w.worker_id in kept], [w for w in chosen if w.worker_id not in kept])
+    by_rank = {placement.rank: worker_id for worker_id, placement in placements.items()}
+    buddies = ({worker_id: by_rank[(placement.rank + 1) % len(chosen)] for worker_id, placement in placements.items()}
+               if replicate and len(chosen) > 1 else {})
+    return GenerationPlan(placements, by_rank[0], buddies)
