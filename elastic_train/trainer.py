@@ -160,8 +160,7 @@ class DataParallelTrainer:
             raise ConfigError("resume_from_checkpoint must be an elastic_train.Checkpoint, got "
                               f"{type(resume_from_checkpoint).__name__}.")
         self.resume_from_checkpoint = resume_from_checkpoint
-        torch_config = backend_config if isinstance(backend_config, TorchConfig) else TorchConfig()
-        self._backend = torch_config.resolve_backend(self.scaling_config.use_gpu)
+        self._backend = (self._torch_config or TorchConfig()).resolve_backend(self.scaling_config.use_gpu)
         self._init_run_state()
 
     # How the constructor takes the backend's config.

@@ -201,13 +201,17 @@ class Checkpoint:
         """As Ray's: `Checkpoint(filesystem=local, path=/tmp/ckpt)`, the filesystem by its protocol."""
         if self._dict is not None:
             return "Checkpoint(dict)"
-        protocol = self.filesystem.protocol if isinstance(self.filesystem.protocol, str) else self.filesystem.protocol[0]
-        return f"Checkpoint(filesystem={'local' if is_local(self.filesystem) else protocol}, path={self.path})"
+        shown = "local" if is_local(self.filesystem) else protocol_of(self.filesystem)
+        return f"Checkpoint(filesystem={shown}, path={self.path})"
+
+
+def protocol_of(fs: fsspec.AbstractFileSystem) -> str:
+    """The filesystem's protocol (its first, for one that has several names)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
+    return protocol_of(fs) in ("file", "local")
 
 
 def write_files(directory: str, files: dict[str, bytes]) -> None:

@@ -92,7 +92,7 @@ def reset_for_generation(previous: Place | None, place: Place) -> list[str]:
             continue  # never imported: nothing of it to reset
         try:
             reset()
-        except Exception as exc:  # noqa: BLE001 - another torch layout, say: say so and go on, it may go stale
+        except Exception as exc:  # noqa: BLE001 - another torch's layout, say: told, never fatal (it may go stale)
             logger.warning("could not reset %s (%s) for the new generation: %r; a loop relying on it may "
                            "see the previous generation's world", reset.__name__.lstrip("_"), module, exc)
             continue
