@@ -7,12 +7,11 @@ where the supervisor stops keeping up is a number rather than a guess. Both tran
 side by side: UDP datagrams (the default, `supervisor/heartbeats.py`) and Ray actor calls (the
 bootstrap and fallback, and `heartbeat_udp=False`).
 
-What: the real `Supervisor` (a Ray async actor, created as `trainer.py` creates it: 0 CPUs,
-max_concurrency=10,000) as `ScaleSupervisor`, which registers N simulated members (generation 0,
-state RUNNING, adoption done) and runs only the detection part of the control loop: `run()`'s wait
-for a wake-up or `control_tick_s`, then `WorkerPool.drop_silent` (the rest of `_step` would act on
-real worker actors). Heartbeats take the real paths into it: datagrams to its endpoint, or calls of
-`Supervisor.heartbeat` over Ray. A few `HeartbeatSender` actors simulate the workers, one coroutine
+What: the supervisor's real detection parts in a Ray async actor created as `trainer.py` creates the
+supervisor (0 CPUs, max_concurrency=10,000): `ScaleSupervisor` composes its `Roster` with N simulated
+members (generation 0, running) and its `Heartbeats` intake, and runs the detection part of the
+control loop: a wait for a wake-up or `control_tick_s`, then `Roster.drop_silent`. Heartbeats take
+the real paths into it: datagrams to its endpoint, or calls of `heartbeat` over Ray. A few `HeartbeatSender` actors simulate the workers, one coroutine
 per worker doing what `worker/heartbeat.py` does, each from a random phase. Over UDP: a datagram
 every `heartbeat_interval_s`, whatever came back; a reply later than `heartbeat_reply_timeout_s`
 counts as a timeout (a real worker would then make a Ray call). Over Ray: wait
@@ -23,7 +22,7 @@ fresh supervisor and senders:
 1. warm-up, then a steady-state window: the supervisor's CPU (psutil, on its PID; 100 % = one
    core), the senders' and the whole machine's; heartbeats the supervisor served per second against
    the target N / interval, and its CPU per heartbeat; the round trip of the heartbeats the senders
-   had answered in time, and how many timed out; the cost of one `WorkerPool.drop_silent` scan
+   had answered in time, and how many timed out; the cost of one `Roster.drop_silent` scan
    (`scan_ms`) and the gap between ticks (event-loop lag shows there);
 2. failures: a random set of workers (staggered over a few seconds) stop heartbeating. Per failure,
    `detect_delay_s` = the `worker_lost` event's time - the worker's last heartbeat's send time -
@@ -66,12 +65,14 @@ import ray
 from benchmarks.common import machine_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
+from elastic_train.config import CheckpointConfig, ElasticConfig, ScalingConfig
 from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel
-from elastic_train.supervisor.actor import Supervisor
-from elastic_train.supervisor.heartbeats import widen_receive_buffer
+from elastic_train.supervisor.heartbeats import Heartbeats, widen_receive_buffer
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
+from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState
+from elastic_train.supervisor.tasks import Tasks
+from elastic_train.supervisor.telemetry import Telemetry
 from elastic_train.worker.actor import WorkerSpec
 from elastic_train.worker.context import RunInfo
 
@@ -85,26 +86,62 @@ STAGGER_S = 4.0  # the failures are spread over this long
 DETECT_GRACE_S = 20.0  # how long past the timeout a failure may stay undetected before the run gives up on it
 
 
-class ScaleSupervisor(Supervisor):
-    """The real Supervisor with N simulated members, running only the detection part of its control loop."""
+@dataclasses.dataclass
+class _Running:
+    """The run as the detection parts read it (state.RunView): generation 0 of N members, running."""
+
+    state: RunState = RunState.RUNNING
+    generation: int = 0
+    world_size: int = 0
+    flush_chosen: bool = False
+
+    def is_member(self, w: WorkerRecord) -> bool:
+        return w.generation == self.generation and w.rank >= 0
+
+
+class _Entries:
+    """Keeps the recorded events (an `EventObserver`)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def on_event(self, event: Any, entry: dict[str, Any], now: float) -> None:
+        self.entries.append(entry)
+
+
+class ScaleSupervisor:
+    """The supervisor's detection parts, used alone: its roster with N simulated members and its
+    heartbeat intake (both transports), scanned as the control loop scans them."""
+
+    def __init__(self, spec: WorkerSpec, scaling: ScalingConfig) -> None:
+        self._elastic = spec.elastic
+        self._run = _Running(world_size=scaling.max_workers)
+        self._events = _Entries()
+        self._wake, serving = asyncio.Event(), asyncio.Event()
+        telemetry = Telemetry([self._events], time.monotonic())
+        self._roster = Roster(spec, scaling, "scale:", telemetry, Tasks(), self._wake)
+        self._heartbeats = Heartbeats(self._run, self._elastic, self._roster, telemetry, serving)
+        self._serving = serving
+        self._detecting = False
 
     async def populate(self, n: int) -> tuple[int, HeartbeatChannel | None]:
-        """Register workers 0..n-1 as members of generation 0 (as if they had heartbeated just now), enter
-        RUNNING, serve calls and datagrams; returns this process's PID and the heartbeat channel."""
+        """Register workers 0..n-1 as members of generation 0 (as if they had heartbeated just now),
+        serve calls and datagrams; returns this process's PID and the heartbeat channel."""
         now = time.monotonic()
         for i in range(n):
-            self._pool.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
-                                            generation=0, rank=i)
-        self._pool.next_id = n
-        self._generation, self._world_size = 0, n
-        self._transition(RunState.RUNNING, reason="benchmark", generation=0, world_size=n)
+            self._roster.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
+                                                   generation=0, rank=i)
         self._detecting = True
-        await self._open_heartbeats()
-        self._adopted.set()
-        return os.getpid(), self._channel
+        await self._heartbeats.open()
+        self._serving.set()
+        return os.getpid(), self._heartbeats.channel
+
+    async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> Any:
+        """`Supervisor.heartbeat`: the Ray path."""
+        return self._heartbeats.by_call(self._roster.records.get(worker_id), worker_id, generation, facts)
 
     async def detect(self) -> list[tuple[float, float, int]]:
-        """`run()`'s loop, detection only: wait for a wake-up or `control_tick_s`, then drop silent
+        """The control loop, detection only: wait for a wake-up or `control_tick_s`, then drop silent
         workers, until `stop_detecting`. Returns each tick's (wall time, seconds the scan took,
         heartbeats served so far)."""
         ticks: list[tuple[float, float, int]] = []
@@ -115,19 +152,18 @@ class ScaleSupervisor(Supervisor):
                 pass
             self._wake.clear()
             wall, started = time.time(), time.perf_counter()
-            self._pool.drop_silent(time.monotonic())
-            ticks.append((wall, time.perf_counter() - started, sum(self._heartbeats.values())))
+            self._roster.drop_silent(time.monotonic())
+            ticks.append((wall, time.perf_counter() - started, sum(self._heartbeats.counts.values())))
         return ticks
 
     async def stop_detecting(self) -> None:
         self._detecting = False
         self._wake.set()
-        if self._beats is not None:
-            self._beats.close()
+        self._heartbeats.close()
 
     async def events(self, since: int = 0) -> list[dict[str, Any]]:
-        """The events from `since` on (`status()` would also list all N members on every poll)."""
-        return self._events[since:]
+        """The events from `since` on."""
+        return self._events.entries[since:]
 
 
 class HeartbeatSender:
@@ -280,7 +316,7 @@ def run_workers(n: int, transport: str, spec: WorkerSpec, senders: int, failures
     spec = dataclasses.replace(spec, elastic=dataclasses.replace(spec.elastic, heartbeat_udp=transport == "udp"))
     elastic = spec.elastic
     supervisor = ray.remote(ScaleSupervisor).options(num_cpus=0, max_concurrency=10_000).remote(
-        spec, ScalingConfig(num_workers=n), FailureConfig(), CheckpointConfig())
+        spec, ScalingConfig(num_workers=n))
     actors = [ray.remote(HeartbeatSender).options(num_cpus=0).remote(
         supervisor, elastic.heartbeat_interval_s, elastic.heartbeat_reply_timeout_s, k) for k in range(senders)]
     try:

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from elastic_train.checkpoint.storage import RunStorage, open_filesystem
 from elastic_train.errors import ConfigError
+from elastic_train.events import RunEnded
 from elastic_train.progress import event_details, format_metrics
 from elastic_train.result import Result
 from elastic_train.run_folder.record import RUN, read_json
@@ -118,7 +119,7 @@ def events(run_path: str = typer.Argument(..., help="a run's folder (Result.path
         for event in entries[shown:]:
             console.print(_event_line(event, start), markup=False, highlight=False, soft_wrap=True)
         shown = max(shown, len(entries))
-        if not follow or any(e["kind"] == "run_ended" for e in entries):
+        if not follow or any(RunEnded.of(e) for e in entries):
             return
         time.sleep(interval)
 

@@ -21,6 +21,7 @@ import torch
 from ray.cluster_utils import Cluster
 
 import elastic_train as et
+from elastic_train.events import GenerationOpened, WorkerLost
 from elastic_train.torch import prepare_model
 from elastic_train.timeline import draw
 from elastic_train.trainer import attach
@@ -134,8 +135,8 @@ def main() -> int:
         log.error("run failed: %s", outcome["error"])
         return 1
     result = outcome["result"]
-    lost = [e["t"] for e in result.events if e["kind"] == "worker_lost"]
-    opened = [e["t"] for e in result.events if e["kind"] == "generation"]
+    lost = [e["t"] for e in result.events if WorkerLost.of(e)]
+    opened = [e["t"] for e in result.events if GenerationOpened.of(e)]
     log.info("finished %d steps in %.1f s; final loss %.4f", result.metrics["step"], time.monotonic() - started,
              result.metrics["loss"])
     log.info("world size by generation: %s", " -> ".join(map(str, result.world_sizes)))

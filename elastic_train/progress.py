@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from elastic_train.events import GenerationOpened
 from elastic_train.protocol import Feed
 
 logger = logging.getLogger(__name__)
@@ -92,8 +93,9 @@ class Progress:
             if self._verbosity >= 2:
                 self._line(f"report {report.index}: {format_metrics(self._metrics)}")
         for event in feed.events:
-            if event["kind"] == "generation":
-                self._world, self._generation = event["world_size"], event["generation"]
+            opened = GenerationOpened.of(event)
+            if opened is not None:
+                self._world, self._generation = opened.world_size, opened.generation
             shown = SHOWN.get(event["kind"])
             if shown is not None:
                 self._line(shown(event))

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
 from elastic_train.errors import ConfigError, TrainingFailedError
+from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.record import HISTORY_KEYS, METRICS, RUN, read_json
 from elastic_train.run_folder.events import read_events
 
@@ -69,9 +70,8 @@ class Result:
         """The world size of every generation, in order (a generation that a restarted supervisor
         adopted is logged again; it counts once)."""
         sizes: dict[int, int] = {}
-        for event in self.events:
-            if event["kind"] == "generation":
-                sizes.setdefault(event["generation"], event["world_size"])
+        for opened in filter(None, map(GenerationOpened.of, self.events)):
+            sizes.setdefault(opened.generation, opened.world_size)
         return list(sizes.values())
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from elastic_train.errors import ConfigError
 from elastic_train.result import Result
-from elastic_train.run_folder.events import LOST_KINDS
+from elastic_train.events import LOST_KINDS, CheckpointCommitted, GenerationOpened
 
 SIZE_PX = (1200, 600)  # the PNG's width and height
 DPI = 100
@@ -50,8 +50,9 @@ def world_over_time(events: list[dict[str, Any]]) -> tuple[list[float], list[int
     times, sizes = [], []
     generation, size, gone = None, 0, set()
     for event in events:
-        if event["kind"] == "generation":
-            generation, size, gone = event["generation"], event["world_size"], set()
+        opened = GenerationOpened.of(event)
+        if opened is not None:
+            generation, size, gone = opened.generation, opened.world_size, set()
         elif (event["kind"] in LOST_KINDS and generation is not None and event.get("generation") == generation
               and event.get("rank", -1) >= 0 and event.get("worker_id") not in gone):
             gone.add(event.get("worker_id"))  # lost as it left under a notice: told twice, counted once
@@ -83,7 +84,7 @@ def draw(result: Result, output: str | Path) -> Path:
         world.set_ylim(0, max(ys) + 1)
     world.set_ylabel("world size")
     world.set_xlabel("seconds since the run started")
-    commits = [e["time"] - start for e in events if e["kind"] == "checkpoint_committed"]
+    commits = [e["time"] - start for e in events if CheckpointCommitted.of(e)]
     world.plot(commits, [0.15] * len(commits), "|", color="tab:gray", markersize=8, label="checkpoint committed")
     labelled = set()
     for event in events:

@@ -346,3 +346,43 @@ def test_a_generation_keeps_its_survivors_order_then_takes_newcomers_by_id_up_to
     alone = plan_generation([_worker(8, "a", 1, 0)], generation=3, max_workers=4, replicate=True)
     assert alone.master == 8 and alone.buddies == {}
     assert plan_generation(candidates, generation=3, max_workers=2, replicate=False).buddies == {}
+
+
+# -- what is stored, when a preempted group re-forms, when the run has failed too often ---------
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("decided, registered, store, carries_files, sync, due, expected", [
+    (None, True, None, True, False, False, True),  # the loop stored it itself: committed once listed
+    (None, False, True, True, False, False, True),  # a live dict part a rank found due
+    (None, False, False, True, False, True, None),  # a live dict part not due: the cadence is not asked
+    (True, False, False, True, False, False, True),  # ... but a peer found it due: stored
+    (None, False, None, True, True, False, True),  # SYNC waits for its commit: stored whatever the cadence
+    (None, False, None, True, False, True, True),  # the first report of a checkpoint asks the cadence
+    (None, False, None, True, False, False, False),
+    (False, False, None, True, False, True, False),  # decided by its first report: not asked again
+    (None, False, None, False, False, True, None),  # no checkpoint: nothing to decide
+])
+def test_which_reported_checkpoint_is_stored(decided, registered, store, carries_files, sync, due, expected):
+    asked = []
+
+    def cadence() -> bool:
+        asked.append(True)
+        return due
+
+    assert policy.to_store(decided, registered=registered, store=store, carries_files=carries_files, sync=sync,
+                           due=cadence) is expected
+    assert len(asked) <= 1 and (not asked or (carries_files and decided is None and not sync and not registered
+                                              and store is None))
+
+
+@pytest.mark.timeout(10)
+def test_a_preempted_group_re_forms_at_the_next_report_unless_its_loop_asks_first():
+    assert policy.resize_point(latest=7, loop_asks=False) == 8
+    assert policy.resize_point(latest=7, loop_asks=True) is None
+
+
+@pytest.mark.timeout(10)
+def test_the_run_fails_once_its_failures_exceed_max_failures():
+    assert not policy.out_of_failures(1, FailureConfig(max_failures=1))
+    assert policy.out_of_failures(2, FailureConfig(max_failures=1))
+    assert policy.out_of_failures(1, FailureConfig(max_failures=0))
+    assert not policy.out_of_failures(10**6, FailureConfig(max_failures=-1))

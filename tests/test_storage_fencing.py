@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +27,8 @@ from elastic_train.checkpoint.storage import Attempt, CommitRefused, RunStorage
 from elastic_train.protocol import Assignment, ResumePlan
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.tasks import Tasks
+from elastic_train.supervisor.telemetry import Telemetry
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 from tests.loops import sharded_directory_loop
 
@@ -236,29 +239,36 @@ def test_a_part_of_an_older_generation_never_counts_for_an_index_reported_again(
     assert ledger.abandoned_before(3, live_workers={10}) == []  # returned once
 
 
+class _Host:
+    """What a commit tells the run, without the supervisor: the live workers are given."""
+
+    def __init__(self, workers: list[int]):
+        self._workers = set(workers)
+
+    def settle(self, generation: int, index: int, committed: Any) -> None:
+        pass
+
+    def storage_failed(self, message: str) -> None:
+        raise AssertionError(f"the run failed: {message}")
+
+    def live_workers(self) -> set[int]:
+        return self._workers
+
+
 class _Commits(Commits):
-    """The supervisor's commit path without its Ray actor: live workers given, tasks kept to wait for."""
+    """The supervisor's commit path without its Ray actor."""
 
     def __init__(self, storage: RunStorage, checkpointing: et.CheckpointConfig, workers: list[int]):
-        self.ledger, self.tasks, self.events = CheckpointLedger(keep=2), set(), []
-        super().__init__(storage, checkpointing, self.ledger, settled=lambda generation, index, committed: None,
-                         event=lambda kind, **details: self.events.append({"kind": kind, **details}),
-                         fail=self._failed, live_workers=lambda: set(workers), track=self._run)
-
-    def _run(self, coroutine: Any) -> None:
-        self.tasks.add(asyncio.ensure_future(coroutine))
-
-    def _failed(self, message: str) -> None:
-        raise AssertionError(f"the run failed: {message}")
+        self.ledger, self.tasks = CheckpointLedger(keep=2), Tasks()
+        super().__init__(storage, checkpointing, self.ledger, _Host(workers), Telemetry([], time.monotonic()),
+                         self.tasks)
 
 
 async def _store(commits: _Commits, worker_id: int, generation: int, index: int, files: dict[str, bytes]) -> None:
     """What a worker's persister does with its part: write it, tell the supervisor, wait for any commit."""
     facts = commits._storage.write_part(index, files, generation=generation)
     commits.part_persisted(worker_id, generation, index, facts)
-    while commits.tasks:
-        done, _ = await asyncio.wait(set(commits.tasks))
-        commits.tasks -= done
+    await commits.tasks.wait(time.monotonic() + 20)
 
 
 @pytest.mark.timeout(30)

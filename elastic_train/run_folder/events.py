@@ -20,12 +20,12 @@ from typing import Any
 
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.events import Event
 from elastic_train.run_folder.record import to_json
 
 logger = logging.getLogger(__name__)
 
 EVENT_LOG = "events.jsonl"
-LOST_KINDS = ("worker_lost", "worker_left")  # events of a worker leaving the run, with its `cause`
 
 
 def read_events(storage: RunStorage) -> list[dict[str, Any]]:
@@ -64,6 +64,9 @@ class EventLog:
                 logger.warning("the stored event log could not be read; it is written anew: %s", exc)
         self.inherited = len(self.entries)  # the predecessor's entries
         self._writing = threading.Lock()  # one write at a time: flushes run on executor threads
+
+    def on_event(self, event: Event, entry: dict[str, Any], now: float) -> None:
+        self.entries.append(entry)
 
     def flush(self) -> None:
         """Write the log whole if it has entries storage does not (blocking: run it off the event loop)."""

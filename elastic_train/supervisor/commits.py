@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
 from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
+from elastic_train import events
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
+from elastic_train.supervisor.tasks import Tasks
+from elastic_train.supervisor.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -38,31 +40,28 @@ def retention_victims(committed: list[CommittedCheckpoint], cfg: CheckpointConfi
     return [c for c in committed if c not in keep and c is not latest and c.attempt not in writing]
 
 
+class CommitHost(Protocol):
+    """What a commit tells the run."""
+
+    def settle(self, generation: int, index: int, committed: CommittedCheckpoint | None) -> None:
+        """Checkpoint `index` of `generation` was committed, or never will be (None)."""
+
+    def storage_failed(self, message: str) -> None:
+        """A permanent storage error: the run cannot store anything, so it fails."""
+
+    def live_workers(self) -> set[int]:
+        """The workers that may still store a part."""
+
+
 class Commits:
-    def __init__(
-        self,
-        storage: RunStorage,
-        checkpointing: CheckpointConfig,
-        ledger: CheckpointLedger,
-        *,
-        settled: Callable[[int, int, CommittedCheckpoint | None], None],
-        event: Callable[..., None],
-        fail: Callable[[str], None],
-        live_workers: Callable[[], set[int]],
-        track: Callable[[Coroutine[Any, Any, None]], None],
-    ):
-        """`settled(generation, index, committed)` hears that checkpoint `index` of `generation` was
-        committed (or never will be: None), `event(kind, **details)` records an event, `fail(message)`
-        fails the run (a permanent storage error), `live_workers()` are those that may still upload,
-        `track` runs a task."""
+    def __init__(self, storage: RunStorage, checkpointing: CheckpointConfig, ledger: CheckpointLedger, host: CommitHost,
+                 telemetry: Telemetry, tasks: Tasks):
         self._storage = storage
         self._checkpointing = checkpointing
         self._ledger = ledger
-        self._settled = settled
-        self._event = event
-        self._fail = fail
-        self._live_workers = live_workers
-        self._track = track
+        self._host = host
+        self._telemetry = telemetry
+        self._tasks = tasks
         self.committed: list[CommittedCheckpoint] = []
 
     @property
@@ -81,12 +80,12 @@ class Commits:
         bad = {c.attempt for c, _ in corrupt}
         self.committed = [c for c in committed if c.attempt not in bad]
         for c, problems in corrupt:
-            self._event("checkpoint_corrupt", index=c.index, path=c.path, problems=problems)
+            self._telemetry.record(events.CheckpointCorrupt(c.index, c.path, problems))
             self._storage.delete(c.attempt)
         if sweep:
             self.sweep_torn()
         if whole is not None:
-            self._event("restored_from_storage", index=whole.index, path=whole.path)
+            self._telemetry.record(events.RestoredFromStorage(whole.index, whole.path))
         return stored_generation
 
     def sweep_torn(self) -> None:
@@ -119,14 +118,14 @@ class Commits:
             self._storage.begin_commit(Attempt(index, generation, entry.dir_name))
         except CommitRefused as exc:
             entry.given_up = True
-            self._settled(generation, index, None)
-            self._event("commit_refused", index=index, generation=generation, reason=str(exc))
+            self._host.settle(generation, index, None)
+            self._telemetry.record(events.CommitRefused(index, generation, str(exc)))
             return
         entry.committed = True
         manifest = Manifest(step=index, generation=entry.generation, world_size=entry.world_size,
                             files=entry.file_facts(), metrics=entry.metrics or {},
                             loader_states=entry.loader_states)
-        self._track(self._commit(index, manifest, entry.dir_name))
+        self._tasks.track(self._commit(index, manifest, entry.dir_name))
 
     async def _commit(self, index: int, manifest: Manifest, name: str | None) -> None:
         """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
@@ -146,23 +145,23 @@ class Commits:
                 self._storage.end_commit(attempt)
         except CommitRefused as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._settled(manifest.generation, index, None)
-            self._event("commit_refused", index=index, generation=manifest.generation, reason=str(exc))
+            self._host.settle(manifest.generation, index, None)
+            self._telemetry.record(events.CommitRefused(index, manifest.generation, str(exc)))
             return
         except TransientStorageError as exc:
             logger.warning("checkpoint %d: %s; training goes on", index, exc)
-            self._settled(manifest.generation, index, None)
-            self._event("commit_given_up", index=index, reason=str(exc))
+            self._host.settle(manifest.generation, index, None)
+            self._telemetry.record(events.CommitGivenUp(index, str(exc)))
             return
         except StorageError as exc:
-            self._fail(str(exc))
+            self._host.storage_failed(str(exc))
             return
-        self._event("checkpoint_committed", index=index, generation=manifest.generation, files=len(manifest.files),
-                    bytes=manifest.total_bytes, commit_s=round(commit_s, 4))
-        self._settled(manifest.generation, index, stored)
+        self._telemetry.record(events.CheckpointCommitted(index, manifest.generation, len(manifest.files),
+                                                          manifest.total_bytes, round(commit_s, 4)))
+        self._host.settle(manifest.generation, index, stored)
         # A folder that a live worker may still upload a part into is not removed yet: removed under
         # it, it would be written again (torn) by that worker. It goes at a later commit, or at the end.
-        live = self._live_workers()
+        live = self._host.live_workers()
         writing = {Attempt(i, e.generation, e.dir_name) for i, e in list(self._ledger.entries.items())
                    if e.unstored() & live}
         try:
@@ -172,7 +171,7 @@ class Commits:
         except TransientStorageError as exc:
             logger.warning("could not remove an obsolete checkpoint folder: %s; left for the sweep", exc)
         except StorageError as exc:
-            self._fail(str(exc))
+            self._host.storage_failed(str(exc))
 
     async def _remove(self, victims: list[CommittedCheckpoint]) -> None:
         loop = asyncio.get_running_loop()

@@ -107,3 +107,15 @@ def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers
     buddies = ({worker_id: by_rank[(placement.rank + 1) % len(chosen)] for worker_id, placement in placements.items()}
                if replicate and len(chosen) > 1 else {})
     return GenerationPlan(placements, by_rank[0], buddies)
+
+
+def raised(members: list[WorkerRecord]) -> dict[int, BaseException]:
+    """What the user's code raised on each rank of `members` (a rank that raised after the
+    generation ended, its peers' error having ended it, is one too)."""
+    return {m.rank: m.outcome.raised() for m in members if m.outcome is not None and m.outcome.error is not None}
+
+
+def returned(members: list[WorkerRecord]) -> bytes | None:
+    """What rank 0's loop returned, if it returned."""
+    return next((m.outcome.returned for m in members
+                 if m.rank == 0 and m.outcome is not None and m.outcome.exit is Exit.FINISHED), None)

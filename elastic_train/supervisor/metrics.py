@@ -6,8 +6,7 @@ no server of ours. Ray prefixes every name with `ray_`. Every series carries the
 per-worker ones its `rank` and `node` too. The README lists them.
 
 The supervisor records them all: it sees every event, report, upload and heartbeat of the run. What
-it records is derived here from what it tells (`event`, `made`, `uploaded`, `sample`), so the actor
-only calls in.
+it records is derived here from what it tells (`on_event`, `made`, `uploaded`, `sample`).
 """
 
 from __future__ import annotations
@@ -17,11 +16,12 @@ from typing import Any
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
+from elastic_train.events import (CheckpointCommitted, Event, Failure, GenerationOpened, StateChanged, WorkerLeft,
+                                  WorkerLost)
 from elastic_train.protocol import Pace
 from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.membership import LostCause, WorkerRecord
 from elastic_train.supervisor.state import RunState
-from elastic_train.run_folder.events import LOST_KINDS
 
 PREFIX = "elastic_train_"
 WORKER_TAGS = ("run", "rank", "node")
@@ -70,27 +70,25 @@ class RunMetrics:
         self._straggler = _gauge("straggler", "1 while a rank is flagged a straggler.", WORKER_TAGS)
         self._memory_growing = _gauge("memory_growing", "1 while a rank's memory keeps growing.", WORKER_TAGS)
 
-    def event(self, entry: Mapping[str, Any], now: float) -> None:
-        """The supervisor recorded `entry` (at monotonic time `now`)."""
-        kind = entry["kind"]
-        if kind == "generation":
-            # None: from the start (or adopted by a restarted supervisor, which knows no report before)
-            redone = self.account.opened(entry["generation"], entry.get("resume_index") or 0, now)
+    def on_event(self, event: Event, entry: Mapping[str, Any], now: float) -> None:
+        """The supervisor recorded `event` (at monotonic time `now`)."""
+        if isinstance(event, GenerationOpened):
+            redone = self.account.opened(event.generation, event.resume_index or 0, now)
             if redone:
                 self._steps_redone.inc(redone, self._run)
-            self._world_size.set(entry["world_size"], self._run)
-            self._generation.set(entry["generation"], self._run)
-        elif kind == "state":
-            self.state(RunState(entry["target"]))
-        elif kind in LOST_KINDS:
-            self._lost.inc(1, {**self._run, "cause": entry["cause"]})
-            self.account.lost(entry["generation"], entry["rank"], now)
-        elif kind == "failure":
+            self._world_size.set(event.world_size, self._run)
+            self._generation.set(event.generation, self._run)
+        elif isinstance(event, StateChanged):
+            self.state(RunState(event.target))
+        elif isinstance(event, (WorkerLost, WorkerLeft)):
+            self._lost.inc(1, {**self._run, "cause": event.cause})
+            self.account.lost(event.generation, event.rank, now)
+        elif isinstance(event, Failure):
             self.account.fault(now)
-        elif kind == "checkpoint_committed":
-            if entry["bytes"]:
-                self._commit_bytes.inc(entry["bytes"], self._run)
-            self._commit.observe(entry["commit_s"], self._run)
+        elif isinstance(event, CheckpointCommitted):
+            if event.bytes:
+                self._commit_bytes.inc(event.bytes, self._run)
+            self._commit.observe(event.commit_s, self._run)
 
     def state(self, current: RunState) -> None:
         for state in RunState:

@@ -1,5 +1,5 @@
 """Pure decisions of the supervisor: what an event means, given the run's state. No Ray, no I/O:
-the actor gathers the facts, calls these, and carries out what they return."""
+the controller gathers the facts, calls these, and carries out what they return."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import Exit, ResumePlan
+from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 
 if TYPE_CHECKING:
     from elastic_train.checkpoint.storage import CommittedCheckpoint
@@ -81,6 +82,39 @@ class Member:
     lost: bool = False
     leaving: bool = False  # under a preemption notice: it leaves, it is no candidate
     detail: str = ""  # the traceback of a user error, or why it was lost
+
+    @classmethod
+    def of(cls, w: WorkerRecord) -> Member:
+        lost = w.status is WorkerStatus.LOST
+        return cls(w.worker_id, w.rank, exit=w.exited, lost=lost, leaving=w.leaving,
+                   detail=w.lost_reason if lost else (w.outcome.detail if w.outcome else ""))
+
+
+def to_store(decided: bool | None, *, registered: bool, store: bool | None, carries_files: bool, sync: bool,
+             due: Callable[[], bool]) -> bool | None:
+    """Is a reported checkpoint stored, given a rank's report of it (None: not decided yet)? One the
+    loop stored itself is; a live dict part is when one of its ranks found it due (`store`); a
+    checkpoint of files is decided by its first report: a SYNC one waits for its commit, so it is
+    stored whatever the cadence, any other when the cadence finds it `due()` (asked only then)."""
+    if registered:
+        return True
+    if store is not None:
+        return True if store else decided
+    if carries_files and decided is None:
+        return sync or due()
+    return decided
+
+
+def resize_point(latest: int, loop_asks: bool) -> int | None:
+    """Where members under a preemption notice leave the loop: the next report; or, when the loop
+    asks `get_preemption_info()`, not yet (None): after the report following the call that tells it,
+    where the loop saves a checkpoint, so no step is redone."""
+    return None if loop_asks else latest + 1
+
+
+def out_of_failures(failures: int, failure: FailureConfig) -> bool:
+    """Have `failures` spent the run's budget (`max_failures`; -1: never)?"""
+    return failure.max_failures != -1 and failures > failure.max_failures
 
 
 def _user_error(members: list[Member], counted: bool) -> str | None:

@@ -12,6 +12,10 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from elastic_train.supervisor.membership import WorkerRecord
 
 
 class RunState(str, enum.Enum):
@@ -26,6 +30,11 @@ class RunState(str, enum.Enum):
     @property
     def terminal(self) -> bool:
         return self in (RunState.FINISHED, RunState.ERRORED)
+
+    @property
+    def training(self) -> bool:
+        """A generation is open and its members in their loop."""
+        return self in (RunState.RUNNING, RunState.RESIZING)
 
 
 _ALLOWED = {
@@ -43,3 +52,24 @@ _ALLOWED = {
 def check_transition(current: RunState, target: RunState) -> None:
     if target not in _ALLOWED[current]:
         raise AssertionError(f"illegal run-state transition {current.value} -> {target.value}")
+
+
+class RunView(Protocol):
+    """What the supervisor's parts read of the run; the controller alone changes it."""
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def generation(self) -> int:
+        """The current generation's number (-1 before the first)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def flush_chosen(self) -> bool:
+        """The run ended and what its workers store as they stop is decided: no report counts after."""
+
+    def is_member(self, w: WorkerRecord) -> bool:
+        """Is `w` a member of the current generation?"""

@@ -1,22 +1,27 @@
-"""The run's worker actors and their lifecycle: requested up to the maximum (a replacement away from
-machines under a preemption notice), watched until they end, and, once lost, dropped and ended: a
-frozen or hung process would keep its slot (its CPUs, its GPU), and no replacement could be placed."""
+"""The roster: the run's workers and their records, and the only code that changes a `WorkerRecord`.
+
+Workers are requested up to the maximum (a replacement away from machines under a preemption notice),
+watched until they end, and, once lost, dropped and ended: a frozen or hung process would keep its
+slot (its CPUs, its GPU), and no replacement could be placed."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine
+import time
 from typing import Any
 
 import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from elastic_train.config import ElasticConfig, ScalingConfig
-from elastic_train.protocol import Assignment, Stop
-from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, worker_name
+from elastic_train.events import FencedWorkerRejoined, SupervisorRestarted, WorkerLeft, WorkerLost
+from elastic_train.protocol import Assignment, Outcome, Stop, WorkerInfo
+from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, describe_workers, worker_name
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
+from elastic_train.supervisor.tasks import Tasks
+from elastic_train.supervisor.telemetry import Telemetry
 from elastic_train.worker.actor import TrainWorker, WorkerSpec
 from elastic_train.worker.nccl_env import nccl_env
 
@@ -30,32 +35,22 @@ def release(worker: WorkerRecord, place: Assignment | Stop) -> None:
     worker.waiting = None
 
 
-class WorkerPool:
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        scaling: ScalingConfig,
-        prefix: str,
-        *,
-        event: Callable[..., None],
-        changed: Callable[[], None],
-        track: Callable[[Coroutine[Any, Any, None]], None],
-        over: Callable[[], bool],
-    ):
-        """`event(kind, **details)` records an event, `changed()` wakes the control loop, `track` runs
-        a task, `over()` says the run has ended (nothing is requested or dropped then)."""
+class Roster:
+    def __init__(self, spec: WorkerSpec, scaling: ScalingConfig, prefix: str, telemetry: Telemetry, tasks: Tasks,
+                 wake: asyncio.Event):
+        """`wake` is set whenever a worker's record changed in a way the control loop acts on."""
         self.records: dict[int, WorkerRecord] = {}
         self.next_id = 0
         self.leaving_nodes: set[str] = set()  # machines under a preemption notice
         self.supervisor: Any = None  # the supervisor's own handle, which workers call; set once it runs
+        self.over = False  # the run ended: nothing is requested or dropped any more
         self._spec = spec
         self._elastic: ElasticConfig = spec.elastic
         self._scaling = scaling
         self._prefix = prefix
-        self._event = event
-        self._changed = changed
-        self._track = track
-        self._over = over
+        self._telemetry = telemetry
+        self._tasks = tasks
+        self._wake = wake
         self._class = ray.remote(TrainWorker)
         self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
 
@@ -64,6 +59,10 @@ class WorkerPool:
 
     def live_ids(self) -> set[int]:
         return {w.worker_id for w in self.records.values() if w.status is not WorkerStatus.LOST}
+
+    def holds(self) -> dict[int, set[tuple[int, int]]]:
+        """What each parked worker holds in memory (it told at parking; copies it took since are added)."""
+        return {w.worker_id: w.holds for w in self.with_status(WorkerStatus.PARKED)}
 
     def placeable_now(self) -> int:
         """How many workers the cluster's free resources could host right now."""
@@ -74,7 +73,7 @@ class WorkerPool:
     def top_up(self) -> None:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears. A worker
         under a preemption notice is on its way out: its replacement is requested at once."""
-        if self._over():
+        if self.over:
             return
         alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
         resources = self._scaling.worker_resources()
@@ -101,7 +100,7 @@ class WorkerPool:
     def watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """Keep `worker` and follow it until `ended_ref` (its `run`, or `wait_stopped`) resolves."""
         self.records[worker.worker_id] = worker
-        self._track(self._watch(worker, ended_ref))
+        self._tasks.track(self._watch(worker, ended_ref))
 
     def _away_from_leaving_nodes(self) -> dict[str, str] | None:
         """Keep new workers off machines under a preemption notice, unless no other machine is left."""
@@ -132,15 +131,15 @@ class WorkerPool:
     def lose(self, worker: WorkerRecord, cause: LostCause, reason: str) -> None:
         """Drop `worker` for `cause` (`reason` tells the details): it is fenced (its calls are refused
         from now on) and its process is ended."""
-        if worker.status is WorkerStatus.LOST or self._over():
+        if worker.status is WorkerStatus.LOST or self.over:
             return
         logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
-        self._event("worker_lost", worker_id=worker.worker_id, pid=worker.pid, rank=worker.rank,
-                    node_id=worker.node_id, generation=worker.generation, cause=cause.value, reason=reason)
+        self._telemetry.record(WorkerLost(worker.worker_id, worker.pid, worker.rank, worker.node_id, worker.generation,
+                                          cause.value, reason))
         worker.status, worker.lost_reason = WorkerStatus.LOST, reason
         if worker.actor is not None:
             ray.kill(worker.actor, no_restart=True)  # `_watch` requests the replacement once it ended
-        self._changed()
+        self._wake.set()
 
     def drop_silent(self, now: float) -> None:
         """Heartbeats prove the process: one silent for `heartbeat_timeout_s` is lost."""
@@ -166,3 +165,91 @@ class WorkerPool:
             release(w, stop)
             if w.actor is not None and (now or w.status in (WorkerStatus.PENDING, WorkerStatus.LOST)):
                 ray.kill(w.actor)
+
+    # == what happens to a worker's record ==========================================================
+    def started(self, w: WorkerRecord, node_id: str, ip: str, pid: int) -> None:
+        """The worker's process is up and told where it runs."""
+        if w.status is WorkerStatus.PENDING:
+            w.status = WorkerStatus.STARTING
+        w.node_id, w.ip, w.pid, w.last_heartbeat = node_id, ip, pid, time.monotonic()
+        self._wake.set()
+
+    def parked(self, w: WorkerRecord, outcome: Outcome, free_port: int) -> asyncio.Future:
+        """The worker left its generation (or is new) with `outcome`: it waits on the returned future
+        for its next place."""
+        w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
+        w.holds = {(held.generation, held.index) for held in outcome.held}
+        w.last_heartbeat = time.monotonic()
+        w.waiting = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        return w.waiting
+
+    def ended_with(self, w: WorkerRecord, outcome: Outcome) -> None:
+        """A member of the run's last generation left it after the run ended: what it raised belongs
+        to the failure that ended the run."""
+        w.outcome = outcome
+
+    def unranked(self, w: WorkerRecord) -> None:
+        """A standby beyond the maximum: not a member of the current generation."""
+        w.rank = -1
+
+    def rejoined(self, w: WorkerRecord, old_generation: int) -> None:
+        """A lost worker that came back parks as a newcomer."""
+        self._telemetry.record(FencedWorkerRejoined(w.worker_id, w.pid, old_generation))
+        w.rank = -1
+
+    def beat(self, w: WorkerRecord, facts: dict[str, float], in_generation: bool) -> None:
+        """A heartbeat of a live worker, with what its process reports; `in_generation`: it is a
+        member of the current generation, whose report under way counts as progress."""
+        w.last_heartbeat = time.monotonic()
+        w.facts = facts
+        entered = int(facts.get("report_index", -1))  # a report still on its way, or held in the barrier
+        if in_generation and entered > w.last_report[0]:
+            w.last_report = (entered, w.last_heartbeat)
+
+    def reported(self, w: WorkerRecord, index: int) -> None:
+        w.last_report = (index, time.monotonic())
+
+    def join(self, w: WorkerRecord, assignment: Assignment, index: int) -> None:
+        """The parked worker is a member of a new generation from report `index` on."""
+        w.status, w.generation, w.rank, w.outcome = WorkerStatus.MEMBER, assignment.generation, assignment.rank, None
+        w.last_report = (index, time.monotonic())
+        release(w, assignment)
+
+    def holds_copy(self, w: WorkerRecord, generation: int, index: int) -> None:
+        """The parked worker took a copy of checkpoint `index` of `generation` into its memory."""
+        w.holds.add((generation, index))
+
+    def noticed(self, w: WorkerRecord, machine_goes: bool) -> None:
+        """The worker is under a preemption notice; `machine_goes`: its replacement goes elsewhere."""
+        w.leaving = True
+        if machine_goes:
+            self.leaving_nodes.add(w.node_id)
+
+    def left(self, w: WorkerRecord, stop: Stop) -> None:
+        """A worker under a preemption notice leaves the run (out of an ended generation)."""
+        release(w, stop)
+        self._telemetry.record(WorkerLeft(w.worker_id, w.pid, w.rank, w.node_id, w.generation,
+                                          LostCause.PREEMPTED.value))
+        w.status, w.lost_reason, w.rank = WorkerStatus.LOST, stop.reason, -1
+
+    async def adopt(self, timeout_s: float) -> list[WorkerInfo]:
+        """After a supervisor restart: records for the workers that describe themselves within
+        `timeout_s`; returns the members of their newest generation, which go on in it."""
+        found, self.next_id = await describe_workers(self._prefix, timeout_s)
+        infos = [info for _, info in found]
+        generation = max((i.generation for i in infos), default=-1)
+        members = [i for i in infos if i.generation == generation and i.rank >= 0]
+        now = time.monotonic()
+        for handle, info in found:
+            member = info in members
+            record = WorkerRecord(
+                info.worker_id, handle, status=WorkerStatus.MEMBER if member else WorkerStatus.STARTING,
+                node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now, last_report=(info.index, now),
+                generation=info.generation if member else -1, rank=info.rank if member else -1,
+            )
+            self.watch(record, handle.wait_stopped.remote())
+        self._telemetry.record(SupervisorRestarted(sorted(i.worker_id for i in infos), generation,
+                                                   {i.worker_id: i.rank for i in members},
+                                                   max((i.index for i in members), default=0)))
+        return members
