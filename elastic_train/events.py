@@ -40,7 +40,8 @@ class Event:
             return None
         required = {f.name for f in dataclasses.fields(cls)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        return cls(**{f.name: entry.get(f.name) for f in dataclasses.fields(cls) if f.name in entry or f.name in required})
+        return cls(**{f.name: entry.get(f.name) for f in dataclasses.fields(cls)
+                      if f.name in entry or f.name in required})
 
 
 class EventObserver(Protocol):

@@ -11,7 +11,7 @@ from elastic_train.protocol import Exit, ResumePlan
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
-from elastic_train.supervisor.membership import WorkerRecord, plan_generation
+from elastic_train.supervisor.membership import WorkerRecord, assignments, plan_generation
 from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
 from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
 
@@ -346,6 +346,21 @@ def test_a_generation_keeps_its_survivors_order_then_takes_newcomers_by_id_up_to
     alone = plan_generation([_worker(8, "a", 1, 0)], generation=3, max_workers=4, replicate=True)
     assert alone.master == 8 and alone.buddies == {}
     assert plan_generation(candidates, generation=3, max_workers=2, replicate=False).buddies == {}
+
+
+@pytest.mark.timeout(10)
+def test_each_member_is_told_its_place_the_rendezvous_of_rank_0_and_its_buddy():
+    candidates = [_worker(5, "b", 3, 1), _worker(7, "a", 3, 0), _worker(2, "b")]
+    for w, (ip, port) in zip(candidates, [("10.0.0.2", 5005), ("10.0.0.1", 7007), ("10.0.0.2", 2002)]):
+        w.ip, w.free_port, w.actor = ip, port, f"actor {w.worker_id}"
+    plan = plan_generation(candidates, generation=3, max_workers=4, replicate=True)
+    resume = ResumePlan(12, {7: ["model.pt"]}, generation=3)
+    places = assignments(plan, candidates, 4, resume, max_workers=4)
+    assert {wid: (a.rank, a.world_size, a.generation) for wid, a in places.items()} == {
+        7: (0, 3, 4), 5: (1, 3, 4), 2: (2, 3, 4)}
+    assert {(a.master_addr, a.master_port) for a in places.values()} == {("10.0.0.1", 7007)}  # rank 0's
+    assert {wid: a.buddy for wid, a in places.items()} == {7: "actor 5", 5: "actor 2", 2: "actor 7"}
+    assert all(a.resume is resume and a.max_world_size == 4 and set(a.peers) == {2, 5, 7} for a in places.values())
 
 
 # -- what is stored, when a preempted group re-forms, when the run has failed too often ---------

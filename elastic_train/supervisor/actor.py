@@ -35,42 +35,42 @@ class Supervisor:
         with warnings.catch_warnings():  # Ray's own property calls its deprecated `actor_id`
             warnings.simplefilter("ignore", DeprecationWarning)
             restarted = context.was_current_actor_reconstructed
-        self._run = Controller(spec, scaling, failure, checkpointing, worker_prefix(context.get_actor_id()),
+        self._controller = Controller(spec, scaling, failure, checkpointing, worker_prefix(context.get_actor_id()),
                                adopting=restarted)
         self._elastic = spec.elastic
         self._incarnation = uuid.uuid4().hex  # tells the driver's feed a restarted supervisor from its predecessor
 
     async def run(self) -> RunSummary:
-        return await self._run.run()
+        return await self._controller.run()
 
     async def _record(self, worker_id: int) -> WorkerRecord | None:
         """The record of a calling worker, once adoption is done; None for one that was not adopted."""
-        await self._run.adopted.wait()
-        return self._run.roster.records.get(worker_id)
+        await self._controller.adopted.wait()
+        return self._controller.roster.records.get(worker_id)
 
     # == workers: membership ==========================================================================
     async def worker_started(self, worker_id: int, node_id: str, ip: str, pid: int) -> None:
         w = await self._record(worker_id)
         if w is not None:
-            self._run.roster.started(w, node_id, ip, pid)
+            self._controller.roster.started(w, node_id, ip, pid)
 
     async def park(self, worker_id: int, outcome: Outcome, free_port: int) -> Assignment | Stop:
         """A worker left its generation (or is new) and waits for its next place."""
         w = await self._record(worker_id)
         if w is None:
             return Stop("this worker was not adopted by the restarted supervisor")
-        return await self._run.park(w, outcome, free_port)
+        return await self._controller.park(w, outcome, free_port)
 
     async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
         """A heartbeat through Ray: a worker's first, or its fallback when its datagrams go unanswered."""
         w = await self._record(worker_id)
-        return self._run.heartbeats.by_call(w, worker_id, generation, facts)
+        return self._controller.heartbeats.by_call(w, worker_id, generation, facts)
 
     async def preemption_notice(self, worker_id: int, source: str, seconds_left: float | None) -> None:
         """A worker's machine is about to go (SIGTERM, a cloud's notice)."""
         w = await self._record(worker_id)
         if w is not None:
-            self._run.notice(w, source, seconds_left)
+            self._controller.notice(w, source, seconds_left)
 
     async def worker_actor(self, worker_id: int) -> Any:
         """The actor handle of a worker (for fault injectors attached from outside)."""
@@ -82,23 +82,23 @@ class Supervisor:
         """A report that carries a checkpoint, or comes with one of a peer's: the reply waits until
         every member made it, and says whether to store the checkpoint; refused once its generation ended."""
         w = await self._record(worker_id)
-        return await self._run.reports.answer(w, report) if w is not None else ReportReply(accepted=False)
+        return await self._controller.reports.answer(w, report) if w is not None else ReportReply(accepted=False)
 
     async def reports(self, worker_id: int, batch: list[Report]) -> None:
         """Reports that need no answer, sent in batches, in order (worker/report_sender.py)."""
         w = await self._record(worker_id)
         if w is not None:
             for report in batch:
-                self._run.reports.record(w, report)
+                self._controller.reports.record(w, report)
 
     async def preemption_info(self, worker_id: int, generation: int, call: int, index: int) -> tuple[bool, Any]:
         """`get_preemption_info()` call number `call`, made after report `index`: (accepted, info)."""
-        return await self._run.preemption.info(await self._record(worker_id), generation, call, index)
+        return await self._controller.preemption.info(await self._record(worker_id), generation, call, index)
 
     async def collective(self, worker_id: int, generation: int, call: int, index: int, data: Any) -> tuple[bool, Any]:
         """Call number `call` of `collective.barrier()` / `broadcast_from_rank_zero(data)` by a member,
         made after report `index`: (accepted, rank 0's data) once every rank made it."""
-        return await self._run.reports.agree(await self._record(worker_id), generation, index,
+        return await self._controller.reports.agree(await self._record(worker_id), generation, index,
                                              ("collective", generation, call), data, lambda brought: brought.get(0),
                                              self._elastic.collective_timeout_s,
                                              f"elastic_train.collective call {call}", "collective_timeout_s")
@@ -108,27 +108,27 @@ class Supervisor:
                                  timeout_s: float) -> tuple[CommittedCheckpoint | None, bool]:
         """For `report(checkpoint_upload_mode=SYNC / NO_UPLOAD)`: wait until checkpoint `index` of
         `generation` is committed, or known never to be (None); and whether `generation` is over."""
-        await self._run.adopted.wait()
-        feed = self._run.reports.feed
-        await self._run.telemetry.until(
-            lambda: (generation, index) not in feed.awaiting() or self._run.over(generation), timeout_s)
-        committed = next((c for c in self._run.commits.committed if (c.generation, c.index) == (generation, index)),
-                         None)
-        return committed, self._run.over(generation)
+        await self._controller.adopted.wait()
+        feed = self._controller.reports.feed
+        await self._controller.telemetry.until(
+            lambda: (generation, index) not in feed.awaiting() or self._controller.over(generation), timeout_s)
+        committed = next((c for c in self._controller.commits.committed
+                          if (c.generation, c.index) == (generation, index)), None)
+        return committed, self._controller.over(generation)
 
     async def reported_checkpoints(self, generation: int, index: int,
                                    timeout_s: float) -> list[tuple[CommittedCheckpoint, dict[str, Any]]]:
         """For `get_all_reported_checkpoints()`: once the checkpoints reported up to `index` of
         `generation` are settled, the committed ones, oldest first, with their metrics."""
-        await self._run.adopted.wait()
-        feed = self._run.reports.feed
-        await self._run.telemetry.until(lambda: self._run.over(generation) or not any(
+        await self._controller.adopted.wait()
+        feed = self._controller.reports.feed
+        await self._controller.telemetry.until(lambda: self._controller.over(generation) or not any(
             g == generation and i <= index for g, i in feed.awaiting()), timeout_s)
-        return [(c, c.metrics) for c in self._run.commits.committed]
+        return [(c, c.metrics) for c in self._controller.commits.committed]
 
     async def upload_waited(self, worker_id: int, index: int, waited_s: float) -> None:
         """A worker's report waited for its earlier checkpoints' uploads (storage behind the reports)."""
-        self._run.telemetry.record(ReportWaitedForUpload(worker_id, index, round(waited_s, 3)))
+        self._controller.telemetry.record(ReportWaitedForUpload(worker_id, index, round(waited_s, 3)))
 
     async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any],
                              upload_s: float | None = None) -> None:
@@ -136,8 +136,8 @@ class Supervisor:
         `upload_s` (None: the loop stored it itself)."""
         w = await self._record(worker_id)
         if w is not None and upload_s is not None:
-            self._run.exported.uploaded(w, sum(f["size"] for f in facts.values()), upload_s)
-        self._run.commits.part_persisted(worker_id, generation, index, facts)
+            self._controller.exported.uploaded(w, sum(f["size"] for f in facts.values()), upload_s)
+        self._controller.commits.part_persisted(worker_id, generation, index, facts)
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
                            parked: bool = False, facts: dict[str, dict[str, Any]] | None = None) -> None:
@@ -145,10 +145,11 @@ class Supervisor:
         hand-over), with the `facts` its files were reported with. `parked`: it took it out of a
         generation, where nothing is evicted, so it still holds it."""
         w = await self._record(worker_id)
-        self._run.ledger.record_replica(generation, index, worker_id, names,
-                                        self._run.world_size if generation == self._run.generation else None, facts)
+        run = self._controller
+        run.ledger.record_replica(generation, index, worker_id, names,
+                                  run.world_size if generation == run.generation else None, facts)
         if parked and w is not None and w.status is WorkerStatus.PARKED:
-            self._run.roster.holds_copy(w, generation, index)
+            self._controller.roster.holds_copy(w, generation, index)
 
     async def copy_corrupt(self, worker_id: int, generation: int, of_generation: int, index: int, holder: int,
                            name: str, problem: str) -> None:
@@ -156,24 +157,25 @@ class Supervisor:
         from worker `holder`'s memory, and it is not what its report made: that copy is never planned
         from again, and the generation ends."""
         w = await self._record(worker_id)
-        if self._run.ledger.mark_corrupt(of_generation, index, holder, name):
-            self._run.telemetry.record(CheckpointCopyCorrupt(worker_id, holder, of_generation, index, name, problem))
-        self._run.copy_corrupt(w, generation, index, holder, problem)
+        if self._controller.ledger.mark_corrupt(of_generation, index, holder, name):
+            self._controller.telemetry.record(CheckpointCopyCorrupt(worker_id, holder, of_generation, index, name,
+                                                                    problem))
+        self._controller.copy_corrupt(w, generation, index, holder, problem)
 
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""
-        await self._run.adopted.wait()
-        entry = self._run.ledger.entries.get(index)
+        await self._controller.adopted.wait()
+        entry = self._controller.ledger.entries.get(index)
         if entry is not None and entry.generation == generation:
             entry.given_up = True
-            self._run.settle(generation, index, None)
-        self._run.telemetry.record(PersistGivenUp(worker_id, index, reason))
+            self._controller.settle(generation, index, None)
+        self._controller.telemetry.record(PersistGivenUp(worker_id, index, reason))
 
     async def storage_failed(self, worker_id: int, message: str) -> None:
         """A worker met a permanent storage error: the run cannot store anything, so it fails."""
-        await self._run.adopted.wait()
-        self._run.telemetry.record(StorageFailed(worker_id, message))
-        self._run.storage_failed(message)
+        await self._controller.adopted.wait()
+        self._controller.telemetry.record(StorageFailed(worker_id, message))
+        self._controller.storage_failed(message)
 
     # == the driver, monitors and tests ==================================================================
     async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
@@ -181,26 +183,26 @@ class Supervisor:
         waits up to `timeout_s` for one. After Ray restarted the supervisor (the cursors are of another
         `incarnation`), reports count from this one's start, and events go on from the driver's cursor
         within the predecessor's stored events this one's log starts with."""
-        await self._run.adopted.wait()
-        feed, events = self._run.reports.feed, self._run.log.entries
+        await self._controller.adopted.wait()
+        feed, events = self._controller.reports.feed, self._controller.log.entries
         if incarnation != self._incarnation:
-            report_cursor, event_cursor = 0, min(event_cursor, self._run.log.inherited)
-        await self._run.telemetry.until(lambda: self._run.closed or bool(feed.since(report_cursor))
+            report_cursor, event_cursor = 0, min(event_cursor, self._controller.log.inherited)
+        await self._controller.telemetry.until(lambda: self._controller.closed or bool(feed.since(report_cursor))
                                         or len(events) > event_cursor, timeout_s)
         reports, new = feed.since(report_cursor), events[event_cursor:]
         return Feed(reports, new, report_cursor + len(reports), event_cursor + len(new),
-                    over=self._run.closed and feed.done, incarnation=self._incarnation)
+                    over=self._controller.closed and feed.done, incarnation=self._incarnation)
 
     async def stop_run(self, reason: str) -> None:
         """End the run cleanly, as if its loop had returned (Tune stopped the trial, say): members
         leave their generation, the newest checkpoint in memory is stored, torn folders are swept."""
-        await self._run.adopted.wait()
-        self._run.stop(reason)
+        await self._controller.adopted.wait()
+        self._controller.stop(reason)
 
     async def status(self, events_since: int = 0) -> dict[str, Any]:
         """A snapshot for monitors and fault injectors attached from outside the driver (`elastic-train
         status`): the run's state, and per member its place, heartbeat age, last step time, RSS and flags."""
-        now, run, pace = time.monotonic(), self._run, self._run.reports.pace
+        now, run, pace = time.monotonic(), self._controller, self._controller.reports.pace
         return {
             "state": run.state.value,
             "pid": os.getpid(),

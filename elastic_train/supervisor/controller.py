@@ -19,18 +19,19 @@ import ray
 from elastic_train.checkpoint.storage import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.errors import StorageError
-from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested, RunEnded,
+from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,
                                   RunStarted, StateChanged, StopRequested)
-from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, ResumePlan, Stop
+from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, Stop
 from elastic_train.run_folder.events import EventLog
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor import notices, policy
 from elastic_train.supervisor.cadence import PersistCadence
 from elastic_train.supervisor.commits import Commits
+from elastic_train.supervisor.ending import Ending
 from elastic_train.supervisor.heartbeats import Heartbeats
 from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.supervisor.membership import (LostCause, WorkerRecord, WorkerStatus, plan_generation, raised,
-                                                  returned)
+from elastic_train.supervisor.membership import (LostCause, WorkerRecord, WorkerStatus, assignments, plan_generation,
+                                                  raised, returned)
 from elastic_train.supervisor.metrics import RunMetrics
 from elastic_train.supervisor.preemption import LEFT, Preemption
 from elastic_train.supervisor.reports import Reports
@@ -61,8 +62,6 @@ class Controller:
         self._worker_failures: dict[int, BaseException] = {}
         self._preemption: PreemptionInfo | None = None  # what the run was preempted with, if that failed it
         self.stopping: str | None = None  # why `stop_run` was asked
-        self.final_flush: ResumePlan | None = None  # what the workers store before they stop
-        self.flush_decided = asyncio.Event()  # `final_flush` is decided: no report is recorded after it
         self.adopted = asyncio.Event()  # worker calls wait for it: none is served before adoption
         self.wake = asyncio.Event()
         self.closed = False  # the run ended and everything was fed
@@ -78,9 +77,9 @@ class Controller:
         self.reports = Reports(self, self._elastic, self.roster, self.ledger, self.commits, self.cadence,
                                self.telemetry, self.exported)
         self.heartbeats = Heartbeats(self, self._elastic, self.roster, self.telemetry, self.adopted)
+        self.ending = Ending(self._elastic, self.roster, self.ledger, self.commits, self.tasks, self.telemetry)
         self.preemption = Preemption(self, self._elastic, failure, self.roster, self.ledger, self.reports,
                                      self.telemetry, self.tasks, self.wake)
-        self._prefix = prefix
 
     # == what the rest of the supervisor reads (state.RunView) =====================================
     @property
@@ -97,7 +96,7 @@ class Controller:
 
     @property
     def flush_chosen(self) -> bool:
-        return self.flush_decided.is_set()
+        return self.ending.decided.is_set()
 
     def is_member(self, w: WorkerRecord) -> bool:
         return w.generation == self._generation and w.rank >= 0
@@ -138,7 +137,7 @@ class Controller:
                 pass
             self.wake.clear()
             self._step(time.monotonic())
-        await self._shut_down()
+        await self.ending.carry_out(self._state, self._end_generation() if self._state is RunState.ERRORED else [])
         self.heartbeats.close()
         for task in periodic:
             task.cancel()
@@ -311,17 +310,9 @@ class Controller:
         self.ledger.rewind(start)
         self.reports.open(start)
         self.cadence.forget_in_flight()
-        master = records[plan.master]
-        peers = {w.worker_id: w.actor for w in chosen}
+        places = assignments(plan, candidates, self._generation, resume, self._scaling.max_workers)
         for w in chosen:
-            p = plan.placements[w.worker_id]
-            buddy = plan.buddies.get(w.worker_id)
-            self.roster.join(w, Assignment(
-                generation=self._generation, rank=p.rank, world_size=len(chosen), local_rank=p.local_rank,
-                local_world_size=p.local_world_size, node_rank=p.node_rank, master_addr=master.ip,
-                master_port=master.free_port, resume=resume, peers=peers,
-                buddy=records[buddy].actor if buddy is not None else None, max_world_size=self._scaling.max_workers,
-            ), start)
+            self.roster.join(w, places[w.worker_id], start)
         for w in self.roster.with_status(WorkerStatus.PARKED):
             self.roster.unranked(w)  # standby beyond max: not a member of this generation
         self.telemetry.record(GenerationOpened(
@@ -337,9 +328,8 @@ class Controller:
         if self._state.terminal:
             if self.is_member(w) and outcome.generation == self._generation:
                 self.roster.ended_with(w, outcome)  # what it raised belongs to the failure that ended the run
-                self.telemetry.news()  # `_members_leave` waits for it
-            await self.flush_decided.wait()
-            return Stop("run is over", flush=self.final_flush)
+                self.telemetry.news()  # the run's end waits for it
+            return await self.ending.stop(self._state)
         if w.status is WorkerStatus.LOST:
             if w.actor is None:
                 return Stop("this worker was declared dead")
@@ -401,32 +391,6 @@ class Controller:
 
     def live_workers(self) -> set[int]:
         return self.roster.live_ids()
-
-    # == the end ========================================================================================
-    async def _shut_down(self) -> None:
-        reason = "run finished" if self._state is RunState.FINISHED else "run failed"
-        if self._state is RunState.ERRORED:
-            await self._members_leave()
-        newest = self.ledger.resume_plan(self.roster.live_ids(), self.roster.holds())
-        self.final_flush = policy.final_flush(newest, self.commits.newest.index if self.commits.newest else 0,
-                                              self.ledger.entries.get(newest.index) if newest else None,
-                                              failed=self._state is RunState.ERRORED)
-        self.flush_decided.set()
-        self.roster.end_all(Stop(reason, flush=self.final_flush), now=False)
-        self.telemetry.record(RunEnded(self._state.value))
-        # Members leave after flushing their last checkpoint; its commit is a task of its own.
-        await self.tasks.wait(time.monotonic() + self._elastic.drain_timeout_s + (
-            self._elastic.persist_flush_timeout_s if self.final_flush is not None else 0.0))
-        self.roster.end_all(Stop(reason, flush=self.final_flush), now=True)  # whatever has not ended is ended here
-        await self.commits.close(self._elastic.storage_retry_deadline_s)
-
-    async def _members_leave(self) -> None:
-        """A failed run's members still in the generation (a peer raised while they wait in a
-        collective) leave it first, within `drain_timeout_s`: their last reports, sent as they leave,
-        are recorded, so a report every rank made before the failure counts."""
-        staying = self._end_generation()
-        await self.telemetry.until(lambda: all(m.outcome is not None or m.status is WorkerStatus.LOST
-                                               for m in staying), self._elastic.drain_timeout_s)
 
     # == work at intervals ===============================================================================
     async def _write_events(self) -> None:

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.protocol import Exit, Outcome
+from elastic_train.protocol import Assignment, Exit, Outcome, ResumePlan
 
 
 class WorkerStatus(str, enum.Enum):
@@ -107,6 +107,20 @@ def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers
     buddies = ({worker_id: by_rank[(placement.rank + 1) % len(chosen)] for worker_id, placement in placements.items()}
                if replicate and len(chosen) > 1 else {})
     return GenerationPlan(placements, by_rank[0], buddies)
+
+
+def assignments(plan: GenerationPlan, candidates: list[WorkerRecord], generation: int, resume: ResumePlan | None,
+                max_workers: int) -> dict[int, Assignment]:
+    """Each member's place in generation `generation` of `plan`, resuming from `resume`."""
+    records = {w.worker_id: w for w in candidates}
+    master = records[plan.master]
+    peers = {worker_id: records[worker_id].actor for worker_id in plan.placements}
+    return {worker_id: Assignment(
+        generation=generation, rank=p.rank, world_size=len(plan.placements), local_rank=p.local_rank,
+        local_world_size=p.local_world_size, node_rank=p.node_rank, master_addr=master.ip,
+        master_port=master.free_port, resume=resume, peers=peers,
+        buddy=records[plan.buddies[worker_id]].actor if worker_id in plan.buddies else None,
+        max_world_size=max_workers) for worker_id, p in plan.placements.items()}
 
 
 def raised(members: list[WorkerRecord]) -> dict[int, BaseException]:
