@@ -30,7 +30,7 @@ class Outcome:
     error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
     returned: bytes | None = None  # FINISHED on rank 0: what the loop returned, pickled (Result.return_value)
     # A report whose barrier failed after its step made a collective with every peer; this worker holds
-    # its live dict part (worker/session.py `_keep_unagreed`), which the next generation may resume from.
+    # its live dict part (worker/lockstep.py `_keep_unagreed`), which the next generation may resume from.
     unagreed: Report | None = None
 
     @classmethod

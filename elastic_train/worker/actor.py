@@ -21,7 +21,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, ResumePlan, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
@@ -36,7 +36,9 @@ from elastic_train.worker.replicator import Replicator
 from elastic_train.worker.report_sender import ReportSender
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
+from elastic_train.worker.host import SessionSetup
 from elastic_train.worker.memory import CheckpointMemory, Part
+from elastic_train.worker.resume import part_to_store
 from elastic_train.worker.session import TrainSession, set_session
 
 logger = logging.getLogger(__name__)
@@ -238,25 +240,14 @@ class TrainWorker:
         place = (assignment.rank, assignment.world_size)
         reset_for_generation(self._place, place)  # torch's caches of the previous world (process_state.py)
         self._place = place
-        self._store_resumed(assignment)
-        session = TrainSession(
-            self.worker_id,
-            self._supervisor,
-            TrainContext(assignment, self._spec.run, self._spec.storage),
-            self._keep_snapshot,
-            self.read_checkpoint,
-            self._memory.live_state,
-            lambda part: self._persister.submit(part, cancelled=self._ended.is_set),
-            self._reports.submit,
-            self._reports.flush,
-            self._ended.is_set,
-            lambda index: self._unwind_due(generation, index),
-            lambda index: self.unwind_at(generation, index),
-            self._spec.storage,
-            self._spec.checkpointing,
-            self._spec.elastic.persist_flush_timeout_s,
-            self._spec.initial_checkpoint,
-        )
+        # Chosen to be stored, but its report's barrier failed before any rank stored it: its holders store it now.
+        resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
+        if resumed is not None:
+            self._persister.submit(resumed)
+        context = TrainContext(assignment, self._spec.run, self._spec.storage)
+        session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
+                                            self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint),
+                               _Host(self, generation))
         set_session(session)
         self._session = session
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
@@ -297,8 +288,8 @@ class TrainWorker:
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
-    def _keep_snapshot(self, held: HeldCheckpoint, part: Part, replicate: bool,
-                       facts: Future[dict[str, dict[str, Any]]] | None) -> None:
+    def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
+              facts: Future[dict[str, dict[str, Any]]] | None) -> None:
         """A reported part: held in memory, and with `replicate` its files copied to the buddy (if
         any) in the background, with their facts (`facts`: on their way). A live part is not copied:
         its tensors change under the copy (live_part.py)."""
@@ -306,16 +297,6 @@ class TrainWorker:
         if (replicate and isinstance(part, dict) and self._assignment is not None
                 and self._assignment.buddy is not None):
             self._replicator.submit(self._assignment.buddy, held, part, facts)
-
-    def _store_resumed(self, assignment: Assignment) -> None:
-        """The checkpoint this generation resumes from was chosen to be stored, but its report's
-        barrier failed before any rank could store it (an unagreed report): its holders store it now."""
-        plan = assignment.resume
-        if plan is None or not plan.store or self.worker_id not in plan.holders:
-            return
-        files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
-        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, dir_name=plan.dir_name,
-                                          facts=_facts_of(plan, files)))
 
     def _send_reports(self, batch: list[Report]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
@@ -346,15 +327,10 @@ class TrainWorker:
 
     def _flush_on_stop(self, stop: Stop) -> None:
         """Store this worker's share of the checkpoint that a failed run leaves behind."""
-        plan = stop.flush
-        if plan is None or self.worker_id not in plan.holders:
+        part = part_to_store(stop.flush, self.worker_id, self.read_checkpoint, final=True)
+        if part is None:
             return
-        try:
-            files = self.read_checkpoint(plan.generation, plan.index, plan.holders[self.worker_id])
-        except KeyError:
-            return
-        self._persister.submit(PartUpload(plan.generation, plan.index, files, replaceable=False, final=True,
-                                          facts=_facts_of(plan, files)))
+        self._persister.submit(part)
         self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
 
     # -- the persister's callbacks (its thread) -------------------------------------------------
@@ -383,9 +359,24 @@ class TrainWorker:
         self._supervisor.storage_failed.remote(self.worker_id, str(error))
 
 
-def _facts_of(plan: ResumePlan, files: dict[str, bytes]) -> dict[str, dict[str, Any]] | None:
-    """The facts `plan` gives for `files` (checked as they are stored); None if it lacks some."""
-    return {name: plan.facts[name] for name in files} if set(files) <= set(plan.facts) else None
+class _Host:
+    """A worker's services to its session of `generation` (host.py `SessionHost`)."""
+
+    def __init__(self, worker: TrainWorker, generation: int):
+        self._worker, self._generation = worker, generation
+        self.supervisor = worker._supervisor
+        self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._memory.live_state
+        self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
+        self.generation_ended = worker._ended.is_set
+
+    def store(self, part: PartUpload) -> float | None:
+        return self._worker._persister.submit(part, cancelled=self._worker._ended.is_set)
+
+    def unwind_due(self, index: int) -> bool:
+        return self._worker._unwind_due(self._generation, index)
+
+    def unwind_at(self, index: int) -> None:
+        self._worker.unwind_at(self._generation, index)
 
 
 _COLLECTIVE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "nccl")

@@ -63,7 +63,7 @@ def all_wait(previous: Agreed | None, pipelined: bool, unwind_alike: bool = Fals
 def pipelines() -> bool:
     """Do plain reports go on before their barrier passes in this generation's group? On gloo with
     peers. Not alone (there is no barrier to wait for), and not on NCCL: its result is read on the
-    host after the step's kernels, and the kept state's commit (worker/session.py) already agrees
+    host after the step's kernels, and the kept state's commit (worker/lockstep.py) already agrees
     once a step."""
     return dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() == "gloo"
 

@@ -1,0 +1,65 @@
+"""What a generation's session gets from the worker that runs it: plain facts (`SessionSetup`) and
+the worker's services (`SessionHost`, implemented in worker/actor.py).
+
+Why: the session (the user's API inside the loop) holds, stores and reports through the worker's
+memory, persister and report sender, which outlive the generation; naming them in one Protocol keeps
+the session free of the worker's internals and says in one place what it relies on.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from elastic_train.checkpoint.checkpoint import Checkpoint
+from elastic_train.config import CheckpointConfig
+from elastic_train.protocol import HeldCheckpoint, Report
+from elastic_train.worker.context import TrainContext
+from elastic_train.worker.memory import Part
+from elastic_train.worker.persister import PartUpload
+
+
+@dataclass(frozen=True)
+class SessionSetup:
+    """The facts a session starts from."""
+
+    worker_id: int
+    context: TrainContext  # the generation's place, the run, its storage
+    checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
+    settle_timeout_s: float  # how long SYNC / NO_UPLOAD reports wait for their commit
+    initial_checkpoint: Checkpoint | None = None  # resume_from_checkpoint: while the run has none of its own
+
+
+class SessionHost(Protocol):
+    """The worker's services to its generation's session."""
+
+    supervisor: Any  # the supervisor's actor handle: the session asks it what every rank must know alike
+
+    def hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
+             facts: Future[dict[str, dict[str, Any]]] | None) -> None:
+        """Hold a reported part in memory; with `replicate`, copy its files to the buddy (`facts`: on their way)."""
+
+    def read_held(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
+        """Files of a checkpoint this worker holds (its own part or a peer's replica); KeyError if not held."""
+
+    def held_state(self, generation: int, index: int) -> dict[str, Any] | None:
+        """The kept state of that report, if this worker holds it as live tensors."""
+
+    def store(self, part: PartUpload) -> float | None:
+        """Hand a part to the persister: the seconds it waited for room, None if the generation ended meanwhile."""
+
+    def send_report(self, report: Report, urgent: bool) -> None:
+        """Send a report that needs no reply, in the background (`urgent`: a peer's round trip waits for it)."""
+
+    def flush_reports(self, timeout_s: float) -> bool:
+        """Wait until the reports sent so far are recorded; False if not within `timeout_s`."""
+
+    def generation_ended(self) -> bool:
+        """Has the supervisor ended this generation?"""
+
+    def unwind_due(self, index: int) -> bool:
+        """Was this worker asked to leave the loop at report `index`?"""
+
+    def unwind_at(self, index: int) -> None:
+        """Leave the loop at report `index` (or the first after)."""
