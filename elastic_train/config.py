@@ -224,7 +224,7 @@ class CheckpointConfig:
         """Is a reported checkpoint due to be stored, the `reports_since`-th since the last one stored,
         `since_stored_s` after it? Always, without a cadence. The supervisor asks for the checkpoints
         it decides on (supervisor/cadence.py); the ranks ask for the live dict parts they hold
-        (worker/session.py), which must be copied before the loop goes on, so they decide at the
+        (worker/storing.py), which must be copied before the loop goes on, so they decide at the
         report's barrier and tell the supervisor."""
         if self.stores_every:
             return True

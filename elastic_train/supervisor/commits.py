@@ -109,7 +109,7 @@ class Commits:
     def commit_if_ready(self, index: int, entry: ReportEntry) -> None:
         """Commit checkpoint `index` once it is whole and stored: at its last part's storing, or at its
         last report, which may come after (a dict checkpoint every rank holds is stored by rank 0
-        without waiting for the others' reports: worker/session.py)."""
+        without waiting for the others' reports: worker/storing.py)."""
         if not entry.ready_to_commit:
             return
         generation = entry.generation

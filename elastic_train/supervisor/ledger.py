@@ -157,7 +157,7 @@ class CheckpointLedger:
                         names: list[str], metrics: dict[str, Any],
                         loader_states: list[dict[str, Any]]) -> ReportEntry:
         """A survivor of `generation` holds the live dict part of report `index`, whose barrier failed
-        after its step made a collective with every peer (worker/session.py `_keep_unagreed`). A dict
+        after its step made a collective with every peer (worker/lockstep.py `_keep_unagreed`). A dict
         part is the whole checkpoint (ranks that report the same name report the same content), so
         the report counts as made: the next generation may resume from it."""
         entry = self.record(generation, world_size, index, rank, worker_id, names, metrics, loader_states)

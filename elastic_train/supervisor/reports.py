@@ -127,7 +127,7 @@ class Reports:
 
     def unagreed(self, w: WorkerRecord, report: Report) -> None:
         """A survivor parks holding the live dict part of a report whose barrier failed after its step
-        made a collective with every peer (worker/session.py `_keep_unagreed`): that report counts as
+        made a collective with every peer (worker/lockstep.py `_keep_unagreed`): that report counts as
         made, and the next generation may resume from it instead of an older checkpoint."""
         entry = self._ledger.record_unagreed(report.generation, self._run.world_size, report.index, w.rank,
                                              w.worker_id, report.names or [], report.metrics, report.loader_states)
