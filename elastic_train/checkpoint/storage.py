@@ -38,10 +38,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from fsspec.core import url_to_fs
-
 from elastic_train.checkpoint.checkpoint import is_local
-from elastic_train.checkpoint.filesystems import as_fsspec, split_query
+from elastic_train.checkpoint.filesystems import open_filesystem
 from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest, checked_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.errors import CheckpointError, ConfigError, StorageError
@@ -123,20 +121,6 @@ def check_named_folder(name: str, index: int, generation: int) -> None:
         raise CheckpointError(
             f"checkpoint folder name {name!r}: names like checkpoint_<digits>[_g<digits>] are elastic_train's own "
             "folders; pick another, e.g. f'epoch_{epoch}'.")
-
-
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
-                    filesystem: Any = None) -> tuple[Any, str]:
-    """The fsspec filesystem and the path on it of `url`: a path on `filesystem` when one is given
-    (fsspec or pyarrow), else any fsspec URL (a pyarrow-style query holding its options: filesystems.py),
-    with a clear error when the protocol's fsspec backend is not installed."""
-    if filesystem is not None:
-        return as_fsspec(filesystem), url
-    url, options = split_query(url, storage_options)
-    try:
-        return url_to_fs(url, **options)
-    except ImportError as exc:
-        raise ConfigError(f"storage_path {url!r} needs a filesystem that is not installed: {exc}") from exc
 
 
 def _run_mark(run_id: str) -> str:
@@ -565,4 +549,4 @@ class RunStorage:
 
 
 __all__ = ["RunStorage", "Attempt", "CommittedCheckpoint", "CommitRefused", "CorruptCheckpointError",
-           "checkpoint_dirname", "open_filesystem", "LEGACY_GENERATION"]
+           "checkpoint_dirname", "LEGACY_GENERATION"]
