@@ -35,7 +35,8 @@ from elastic_train.protocol import (
     ResumePlan,
     Stop,
 )
-from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.layout import CommittedCheckpoint
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import StorageError
 from elastic_train.supervisor.agreement import Agreements
 from elastic_train.supervisor.adoption import describe_workers, worker_prefix

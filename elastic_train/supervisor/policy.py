@@ -14,7 +14,7 @@ from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import Exit, ResumePlan
 
 if TYPE_CHECKING:
-    from elastic_train.checkpoint.storage import CommittedCheckpoint
+    from elastic_train.checkpoint.layout import CommittedCheckpoint
     from elastic_train.supervisor.ledger import ReportEntry
 
 

@@ -26,9 +26,10 @@ import torch.distributed as dist
 
 from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes, is_local,
                                                  needs_replica)
+from elastic_train.checkpoint.layout import check_named_folder, checkpoint_dirname
 from elastic_train.checkpoint.manifest import facts_soon, file_problem
 from elastic_train.checkpoint.modes import CheckpointUploadMode
-from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import CheckpointError, CorruptCopy, GenerationEnded, PeerLost
 from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report, ReportReply, ResumePlan
