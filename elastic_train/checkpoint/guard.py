@@ -1,8 +1,8 @@
 """Within one process, a checkpoint folder being committed is never removed, and one being removed
 is never committed.
 
-Why: the supervisor commits checkpoints while it also removes folders (torn or corrupt ones, those
-no commit of the run holds); a removal under a commit would leave a manifest over missing files.
+Why: the supervisor commits checkpoints while it also removes folders (beyond retention, torn,
+corrupt); a removal under a commit would leave a manifest over missing files.
 The guard is the process's own: a pickled copy starts empty, as what a process is committing or
 removing is known to that process only.
 """
