@@ -23,7 +23,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from elastic_train.checkpoint.storage import RunStorage, open_filesystem
+from elastic_train.checkpoint.filesystems import open_filesystem
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError
 from elastic_train.events import RunEnded
 from elastic_train.progress import event_details, format_metrics

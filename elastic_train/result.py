@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from elastic_train.checkpoint import Checkpoint
-from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.layout import CommittedCheckpoint
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.record import HISTORY_KEYS, METRICS, RUN, read_json

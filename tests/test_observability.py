@@ -17,8 +17,9 @@ from ray.cluster_utils import Cluster
 from rich.console import Console
 
 import elastic_train as et
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.checkpoint.manifest import Manifest
-from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed, ReportRecord
 from elastic_train.run_folder.events import EVENT_LOG, EventLog, read_events

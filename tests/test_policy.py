@@ -6,7 +6,7 @@ import pytest
 
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.checkpoint.manifest import Manifest
-from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.protocol import Exit, ResumePlan
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.goodput import GoodputAccount

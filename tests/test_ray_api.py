@@ -914,7 +914,7 @@ def test_checkpoint_upload_fn_stores_the_users_way_and_the_checkpoint_is_committ
 
 @pytest.mark.timeout(10)
 def test_a_folder_name_that_passes_for_one_of_ours_is_refused():
-    from elastic_train.checkpoint.storage import check_named_folder
+    from elastic_train.checkpoint.layout import check_named_folder
 
     check_named_folder("epoch_5", 5, 0)
     check_named_folder("checkpoint_000005_g0000", 5, 0)  # the attempt's own name (checkpoint_upload_fn's default)

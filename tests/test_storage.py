@@ -17,8 +17,9 @@ import s3fs
 
 import elastic_train as et
 from elastic_train.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
+from elastic_train.checkpoint.layout import Attempt
 from elastic_train.checkpoint.manifest import MANIFEST, Manifest
-from elastic_train.checkpoint.storage import Attempt, RunStorage
+from elastic_train.checkpoint.storage import RunStorage
 from tests.conftest import ROOT, ray_runtime_env
 from tests.helpers import supervisor_alive, wait_for
 from tests.loops import large_shard_loop, read_progress, sharded_directory_loop

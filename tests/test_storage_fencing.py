@@ -21,9 +21,10 @@ import s3fs
 import elastic_train as et
 from chaos.storage_proxy import FaultyStorageProxy, StorageFaults
 from elastic_train.checkpoint import list_checkpoints, load_checkpoint, verify_checkpoint
+from elastic_train.checkpoint.layout import Attempt
 from elastic_train.checkpoint.manifest import MANIFEST, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
-from elastic_train.checkpoint.storage import Attempt, CommitRefused, RunStorage
+from elastic_train.checkpoint.storage import CommitRefused, RunStorage
 from elastic_train.protocol import Assignment, ResumePlan
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ledger import CheckpointLedger

@@ -2,17 +2,23 @@
 committed by a manifest written last, retried on transient storage errors), and how to list,
 verify and load a run's committed checkpoints from outside it.
 
-    checkpoint.py  the `Checkpoint` handle (a directory or a dict)
-    manifest.py    the commit record: files with size and SHA-256, step, world size, metrics
-    storage.py     a run's folder in any fsspec store
-    retry.py       transient vs permanent storage errors, backoff with jitter
-    catalog.py     list_checkpoints / verify_checkpoint / load_checkpoint
+    checkpoint.py   the `Checkpoint` handle (a directory or a dict)
+    modes.py        how report() stores a checkpoint (CheckpointUploadMode, ...)
+    manifest.py     the commit record: files with size and SHA-256, step, world size, metrics
+    layout.py       a folder per attempt at a checkpoint (`Attempt`), `CommittedCheckpoint`
+    filesystems.py  opening storage: fsspec URLs, pyarrow filesystems and pyarrow-style URIs
+    retry.py        transient vs permanent storage errors, backoff with jitter
+    files.py        `RunFiles`: a run's folder file by file, each written whole, retried
+    folders.py      `CheckpointFolders(RunFiles)`: list, read back, verify, remove checkpoint folders
+    guard.py        `CommitGuard`: within a process, no folder is removed while it is committed
+    storage.py      `RunStorage(CheckpointFolders)`: write parts, commit them with their manifest
+    catalog.py      list_checkpoints / verify_checkpoint / load_checkpoint
 """
 
 from elastic_train.checkpoint.catalog import list_checkpoints, load_checkpoint, verify_checkpoint
 from elastic_train.checkpoint.checkpoint import Checkpoint
-from elastic_train.checkpoint.manifest import Manifest
-from elastic_train.checkpoint.storage import CommittedCheckpoint, CorruptCheckpointError
+from elastic_train.checkpoint.layout import CommittedCheckpoint
+from elastic_train.checkpoint.manifest import CorruptCheckpointError, Manifest
 
 __all__ = [
     "Checkpoint",

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from elastic_train.checkpoint.checkpoint import Checkpoint
-from elastic_train.checkpoint.storage import CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.folders import CheckpointFolders
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.errors import CheckpointError
 
 
@@ -15,7 +16,7 @@ def list_checkpoints(run_path: str, storage_options: Mapping[str, Any] | None = 
     attempt at a checkpoint has a folder of its own, `checkpoint_<index>_g<generation>`); each with
     its manifest (step, world size, generation, metrics, files with sizes and checksums). Torn ones
     (no manifest) are not listed."""
-    return RunStorage.at(run_path, storage_options).committed()
+    return CheckpointFolders.at(run_path, storage_options).committed()
 
 
 def verify_checkpoint(
@@ -23,7 +24,7 @@ def verify_checkpoint(
 ) -> list[str]:
     """What is wrong with checkpoint `index` (default: the newest committed; of an index committed
     by more than one generation, the newest generation's); empty when it is whole."""
-    storage = RunStorage.at(run_path, storage_options)
+    storage = CheckpointFolders.at(run_path, storage_options)
     return storage.verify(_pick(storage, index))
 
 
@@ -32,7 +33,7 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Checkpoint `index`, or by default the newest one whose files all verify (a corrupt newer one
     is skipped with a warning naming the bad file). Reading it checks every file again."""
-    storage = RunStorage.at(run_path, storage_options)
+    storage = CheckpointFolders.at(run_path, storage_options)
     if index is None:
         whole, _ = storage.newest_whole(storage.committed())
         if whole is None:
@@ -43,7 +44,7 @@ def load_checkpoint(
     return Checkpoint(storage.folder(chosen.attempt), storage.fs, chosen.manifest)
 
 
-def _pick(storage: RunStorage, index: int | None) -> CommittedCheckpoint:
+def _pick(storage: CheckpointFolders, index: int | None) -> CommittedCheckpoint:
     """Checkpoint `index` (the newest generation's, if more than one committed it), or the newest;
     reads only the manifests it needs."""
     chosen = storage.newest_committed() if index is None else (storage.committed(index) or [None])[-1]

@@ -5,7 +5,8 @@ Ray's storage is pyarrow's: a `pyarrow.fs.FileSystem` object (`RunConfig(storage
 holds the filesystem's options, `s3://bucket/prefix?region=us-west-2&endpoint_override=http://...`.
 elastic_train's storage is fsspec's (any fsspec URL, `storage_options`): a pyarrow filesystem is
 wrapped (`as_fsspec`), and the options of a pyarrow URI's query become the fsspec backend's
-(`split_query`). Paths and filesystems it hands back are fsspec's (README, "Coming from Ray Train").
+(`split_query`); `open_filesystem` opens either form. Paths and filesystems it hands back are
+fsspec's (README, "Coming from Ray Train").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import fsspec
+from fsspec.core import url_to_fs
 
 from elastic_train.errors import ConfigError
 
@@ -82,3 +84,17 @@ def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
         return ArrowFSWrapper(filesystem)
     raise ConfigError(f"a storage filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got "
                       f"{type(filesystem).__name__}.")
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
+                    filesystem: Any = None) -> tuple[Any, str]:
+    """The fsspec filesystem and the path on it of `url`: a path on `filesystem` when one is given
+    (fsspec or pyarrow), else any fsspec URL (a pyarrow-style query holding its options), with a
+    clear error when the protocol's fsspec backend is not installed."""
+    if filesystem is not None:
+        return as_fsspec(filesystem), url
+    url, options = split_query(url, storage_options)
+    try:
+        return url_to_fs(url, **options)
+    except ImportError as exc:
+        raise ConfigError(f"storage_path {url!r} needs a filesystem that is not installed: {exc}") from exc

@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, FailureConfig, ScalingConfig
 from elastic_train.events import CheckpointCopyCorrupt, PersistGivenUp, ReportWaitedForUpload, StorageFailed
 from elastic_train.protocol import Assignment, Feed, HeartbeatReply, Outcome, Report, ReportReply, Stop

@@ -9,9 +9,10 @@ import logging
 import time
 from typing import Any, Protocol
 
+from elastic_train.checkpoint.layout import Attempt, CommittedCheckpoint
 from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.retry import TransientStorageError
-from elastic_train.checkpoint.storage import Attempt, CommitRefused, CommittedCheckpoint, RunStorage
+from elastic_train.checkpoint.storage import CommitRefused, RunStorage
 from elastic_train.config import CheckpointConfig
 from elastic_train.errors import StorageError
 from elastic_train import events

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.errors import StorageError
 from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,

@@ -10,7 +10,7 @@ settles with none, so nothing waits forever.
 
 from __future__ import annotations
 
-from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.protocol import ReportRecord
 
 

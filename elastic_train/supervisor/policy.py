@@ -15,7 +15,7 @@ from elastic_train.protocol import Exit, ResumePlan
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 
 if TYPE_CHECKING:
-    from elastic_train.checkpoint.storage import CommittedCheckpoint
+    from elastic_train.checkpoint.layout import CommittedCheckpoint
     from elastic_train.supervisor.ledger import ReportEntry
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elastic_train.checkpoint.storage import CommittedCheckpoint
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import ElasticConfig
 from elastic_train.events import MemoryGrowing, ReportUnagreedKept, StaleReportRejected, Straggler, StragglerCleared
 from elastic_train.protocol import Pace, Report, ReportRecord, ReportReply

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, is_local
-from elastic_train.checkpoint.storage import RunStorage, check_named_folder, checkpoint_dirname
+from elastic_train.checkpoint.layout import check_named_folder, checkpoint_dirname
+from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import CheckpointError
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.report_plan import Carries, ReportPlan
