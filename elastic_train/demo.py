@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, TextIO
 
 import ray
 import torch
@@ -56,6 +57,24 @@ def train_loop(config: dict) -> None:
                       {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}))
 
 
+class OwnKillsQuiet:
+    """Standard output without Ray's notice of a worker process that died mid-task, for the processes
+    this demo killed itself: its own "** chaos" line already says so (Ray's driver prints every
+    raylet's notice of a death to `sys.stdout`; any other line, and any other death, goes through)."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self.killed: set[int] = set()
+
+    def write(self, text: str) -> int:
+        if "died or was killed" in text and any(f"Worker PID: {pid} " in text for pid in self.killed):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class Monitor:
     """Attaches to the run's supervisor by name (as any process on the cluster can) and injects the
     demo's faults at their steps; `fit()` itself shows the run's progress.
@@ -63,8 +82,8 @@ class Monitor:
     Runs in the main thread: Ray's `Cluster.add_node` installs signal handlers.
     """
 
-    def __init__(self, cluster: Cluster, nodes: list, run_name: str):
-        self.cluster, self.nodes, self.run_name = cluster, nodes, run_name
+    def __init__(self, cluster: Cluster, nodes: list, run_name: str, quiet: OwnKillsQuiet):
+        self.cluster, self.nodes, self.run_name, self.quiet = cluster, nodes, run_name, quiet
         self.faults = [(60, "remove a node", self.remove_node), (120, "add a node", self.add_node),
                        (180, "SIGKILL rank 1's process", self.kill_rank1)]
         self.status: dict = {}
@@ -95,6 +114,7 @@ class Monitor:
 
     def kill_rank1(self) -> None:
         pid = next(m["pid"] for m in self.status["members"].values() if m["rank"] == 1)
+        self.quiet.killed.add(pid)
         os.kill(pid, signal.SIGKILL)
 
 
@@ -122,7 +142,9 @@ def main() -> int:
             outcome["error"] = exc
 
     fit = threading.Thread(target=fit_run, daemon=True)
-    monitor = Monitor(cluster, nodes, "demo")
+    stdout = sys.stdout
+    quiet = sys.stdout = OwnKillsQuiet(stdout)  # type: ignore[assignment]
+    monitor = Monitor(cluster, nodes, "demo", quiet)
     started = time.monotonic()
     fit.start()
     try:
@@ -131,6 +153,7 @@ def main() -> int:
         fit.join()
         ray.shutdown()
         cluster.shutdown()
+        sys.stdout = stdout
     if "error" in outcome:
         log.error("run failed: %s", outcome["error"])
         return 1
