@@ -65,11 +65,12 @@ class OwnKillsQuiet:
     def __init__(self, stream: TextIO):
         self._stream = stream
         self.killed: set[int] = set()
+        self._left_out = False  # the last write was a notice left out: its line's end goes too
 
     def write(self, text: str) -> int:
-        if "died or was killed" in text and any(f"Worker PID: {pid} " in text for pid in self.killed):
-            return len(text)
-        return self._stream.write(text)
+        left_out = self._left_out and text == "\n"
+        self._left_out = "died or was killed" in text and any(f"Worker PID: {pid} " in text for pid in self.killed)
+        return len(text) if left_out or self._left_out else self._stream.write(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
