@@ -80,7 +80,7 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
     kept.close()
     memory = CheckpointMemory(keep=2)
     memory.put(HeldCheckpoint(3, 0, 0, [STATE_FILE], []), part)
-    memory.settle()
+    memory.freeze()
     assert memory.live_state(0, 3) is part.data
     served = dict_from_bytes(memory.find(0, 3, [STATE_FILE])[STATE_FILE])
     assert torch.equal(served["model"]["weight"], model.weight)
@@ -88,7 +88,7 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
     assert part.clean()
     _step(model, optimizer)  # written to: neither resumed from nor served, and dropped when settled
     assert memory.live_state(0, 3) is None and memory.find(0, 3, [STATE_FILE]) == {}
-    memory.settle()
+    memory.freeze()
     assert (0, 3) not in memory.keys()
 
 

@@ -66,7 +66,7 @@ def test_memory_keeps_one_live_part_and_settles_it_into_files_or_drops_it():
     memory.put(HeldCheckpoint(3, 0, 0, [DICT_FILE], []), _live(model, optimizer, 3))
     assert memory.keys() == [(0, 1), (0, 3)]  # part 2 holds the same tensors as part 3: superseded
     assert dict_from_bytes(memory.find(0, 3, [DICT_FILE])[DICT_FILE])["step"] == 3  # served while clean
-    memory.settle()
+    memory.freeze()
     assert memory.find(0, 1, [DICT_FILE]) == stored
     _step(model, optimizer)  # a settled part is its files: the tensors may move on
     assert dict_from_bytes(memory.get(0, 3, [DICT_FILE])[DICT_FILE])["step"] == 3
@@ -74,7 +74,7 @@ def test_memory_keeps_one_live_part_and_settles_it_into_files_or_drops_it():
     memory.put(HeldCheckpoint(4, 1, 0, [DICT_FILE], []), _live(model, optimizer, 4))
     _step(model, optimizer)  # the loop went on past report 4, and then its generation ended
     assert memory.find(1, 4, [DICT_FILE]) == {}  # never served once written to
-    memory.settle()
+    memory.freeze()
     assert (1, 4) not in memory.keys() and (0, 3) in memory.keys()
 
 

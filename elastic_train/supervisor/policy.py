@@ -179,8 +179,8 @@ def _drained(members: list[Member], waited_s: float, drain_timeout_s: float) -> 
 def scheduling(*, parked: int, starting: int, first: bool, expected_initial: int, waited_s: float,
                scaling: ScalingConfig, elastic: ElasticConfig) -> Decision:
     """No generation runs: open one once enough workers are ready, or fail after the wait allowed."""
-    settled = parked >= scaling.max_workers or (not starting and (not first or parked >= expected_initial))
-    if parked >= scaling.min_workers and (settled or waited_s > elastic.initial_placement_timeout_s):
+    placed = parked >= scaling.max_workers or (not starting and (not first or parked >= expected_initial))
+    if parked >= scaling.min_workers and (placed or waited_s > elastic.initial_placement_timeout_s):
         return Decision(Do.OPEN)
     if waited_s > elastic.min_workers_timeout_s:
         return Decision(Do.FAIL, (

@@ -282,7 +282,7 @@ class TrainWorker:
             if not self._reports.flush(self._spec.elastic.drain_timeout_s):  # recorded before this worker parks
                 logger.warning("worker %d: reports of generation %d not received by the supervisor within "
                                "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
-        self._memory.settle()  # live parts become files, or are dropped if written to since their report
+        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
         if session.unagreed is not None and (generation, session.unagreed.index) in self._memory.keys():
             outcome.unagreed = session.unagreed
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)

@@ -11,7 +11,7 @@ The catch is that the tensors go on changing: the next `optimizer.step()` writes
 tensors held. Every tensor's version counter (`Tensor._version`, bumped by each in-place write) is
 noted when the part is made; the part is `clean()` only while none moved. A part that is no longer
 clean holds some newer state under an older report's index: it is never served, and the run resumes
-from an older checkpoint instead (see `CheckpointMemory.settle`).
+from an older checkpoint instead (see `CheckpointMemory.freeze`).
 
 A state kept live (kept_state.py) is not even made into a dict at its report: the report notes its
 tensors' versions, and the dict is built when a recovery first reads it, from those very tensors

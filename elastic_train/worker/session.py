@@ -134,7 +134,7 @@ class TrainSession:
         self._host.flush_reports(self._setup.settle_timeout_s)  # the reports before this one are recorded first
         reply = self._host.supervisor.report.remote(self.worker_id, report)
         # Made: the next generation resumes from it.
-        unwind = self._storing.settle(self.index, reply, held, files, facts, live, replicate)
+        unwind = self._storing.apply_reply(self.index, reply, held, files, facts, live, replicate)
         if plan.waits_commit:
             self._storing.wait_committed(self.index)
         if after.unwind or (after.together and unwind):
@@ -221,7 +221,7 @@ class TrainSession:
         return states[position] if position < len(states) else None
 
     def close(self) -> None:
-        """The generation is over: settle a report still awaiting its barrier (the loop raised after
+        """The generation is over: finish a report still awaiting its barrier (the loop raised after
         it), and remove what this session wrote to local disk."""
         try:
             self.finish()

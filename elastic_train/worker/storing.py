@@ -48,7 +48,7 @@ class PartStoring:
         """`part` (None: nothing of this rank's) is the newest the cadence skipped; `live` gives its files."""
         self._unpersisted = None if part is None else (part, live)
 
-    def settle(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
+    def apply_reply(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
                facts: Future[dict[str, dict[str, Any]]] | None, live: LivePart | None, replicate: bool) -> bool:
         """Act on the supervisor's reply to report `index`; returns whether the group re-forms after it."""
         reply: ReportReply = ray.get(reply_ref)
