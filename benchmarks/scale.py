@@ -129,7 +129,7 @@ class ScaleSupervisor:
         serve calls and datagrams; returns this process's PID and the heartbeat channel."""
         now = time.monotonic()
         for i in range(n):
-            self._roster.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.MEMBER, last_heartbeat=now,
+            self._roster.records[i] = WorkerRecord(i, actor=None, status=WorkerStatus.TRAINING, last_heartbeat=now,
                                                    generation=0, rank=i)
         self._detecting = True
         await self._heartbeats.open()

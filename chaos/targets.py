@@ -44,7 +44,7 @@ class RunHandle:
     def members(self) -> list[Member]:
         members = self.status()["members"]
         return sorted((Member(int(wid), m["rank"], m["pid"], m["node"]) for wid, m in members.items()
-                       if m["status"] == "MEMBER" and m["pid"]), key=lambda m: m.rank)
+                       if m["status"] == "TRAINING" and m["pid"]), key=lambda m: m.rank)
 
     def actor(self, member: Member) -> Any:
         return ray.get(self.supervisor.worker_actor.remote(member.worker_id))

@@ -250,7 +250,7 @@ class Controller:
 
     def _drop_hung_workers(self, now: float) -> None:
         """The progress watchdog: heartbeats come from a thread and prove the process, not the loop."""
-        running = [m for m in self.members() if m.status is WorkerStatus.MEMBER]
+        running = [m for m in self.members() if m.status is WorkerStatus.TRAINING]
         timeout = self._elastic.progress_timeout_s
         stall = policy.stalled([policy.Progress(m.worker_id, *m.last_report) for m in running], now, timeout)
         for worker_id in stall.hung:
@@ -279,7 +279,7 @@ class Controller:
     def _end_generation(self) -> list[WorkerRecord]:
         """Tell the members still in the generation to leave it (their collectives fail, the loop
         unwinds); returns them."""
-        staying = [m for m in self.members() if m.status is WorkerStatus.MEMBER]
+        staying = [m for m in self.members() if m.status is WorkerStatus.TRAINING]
         for m in staying:
             m.actor.end_generation.remote(self._generation)
         return staying

@@ -14,7 +14,7 @@ class WorkerStatus(str, enum.Enum):
     PENDING = "PENDING"  # the actor is requested; Ray has not placed it yet
     STARTING = "STARTING"  # placed and constructed; not yet ready
     PARKED = "PARKED"  # ready, waiting at the supervisor for a place in a generation
-    MEMBER = "MEMBER"  # running the loop in the current generation
+    TRAINING = "TRAINING"  # a member running the loop in the current generation
     LOST = "LOST"  # dead, or dropped and fenced out
 
 

@@ -70,7 +70,7 @@ class Preemption:
         if not leaving:
             return True
         members = [w for w in self._roster.records.values() if self._run.is_member(w)]
-        if self._handover is None and not any(m.status is WorkerStatus.MEMBER for m in members):
+        if self._handover is None and not any(m.status is WorkerStatus.TRAINING for m in members):
             self._handover = self._tasks.track(self._hand_over(leaving, members))
         return False
 

@@ -180,7 +180,7 @@ class Reports:
         """A report is not recorded when it is of a generation before the latest, or of a fenced
         worker. One of the latest generation is, even once it ended: its barrier passed before it was
         sent, so it was made (the sender flushes its reports before it parks)."""
-        current = generation == self._run.generation and w.status is WorkerStatus.MEMBER
+        current = generation == self._run.generation and w.status is WorkerStatus.TRAINING
         if current and not self._run.flush_chosen:
             return False
         if not current:

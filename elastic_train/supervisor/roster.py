@@ -145,7 +145,7 @@ class Roster:
         """Heartbeats prove the process: one silent for `heartbeat_timeout_s` is lost."""
         for w in self.records.values():
             silent = now - w.last_heartbeat
-            if w.status in (WorkerStatus.MEMBER, WorkerStatus.PARKED) and silent > self._elastic.heartbeat_timeout_s:
+            if w.status in (WorkerStatus.TRAINING, WorkerStatus.PARKED) and silent > self._elastic.heartbeat_timeout_s:
                 self.lose(w, LostCause.SILENT, f"no heartbeat for {silent:.1f}s")
 
     async def probe(self, worker: WorkerRecord) -> None:
@@ -212,7 +212,7 @@ class Roster:
 
     def join(self, w: WorkerRecord, assignment: Assignment, index: int) -> None:
         """The parked worker is a member of a new generation from report `index` on."""
-        w.status, w.generation, w.rank, w.outcome = WorkerStatus.MEMBER, assignment.generation, assignment.rank, None
+        w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, assignment.generation, assignment.rank, None
         w.last_report = (index, time.monotonic())
         release(w, assignment)
 
@@ -244,7 +244,7 @@ class Roster:
         for handle, info in found:
             member = info in members
             record = WorkerRecord(
-                info.worker_id, handle, status=WorkerStatus.MEMBER if member else WorkerStatus.STARTING,
+                info.worker_id, handle, status=WorkerStatus.TRAINING if member else WorkerStatus.STARTING,
                 node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now, last_report=(info.index, now),
                 generation=info.generation if member else -1, rank=info.rank if member else -1,
             )
