@@ -7,7 +7,6 @@ starts, with a message that names the problem and the fix.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
 from dataclasses import dataclass
@@ -474,25 +473,10 @@ class RunConfig:
         )
 
 
-def checked_options(cls: type, options: Mapping[str, Any]) -> Any:
-    """Build `cls(**options)`, naming any unknown key and the keys that exist."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
-        raise ConfigError(
-            f"{cls.__name__} has no option {', '.join(map(repr, unknown))}"
-            + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
-            + f"; known options: {', '.join(sorted(known))}."
-        )
-    return cls(**options)
-
-
 __all__ = [
     "ScalingConfig",
     "FailureConfig",
     "CheckpointConfig",
     "ElasticConfig",
     "RunConfig",
-    "checked_options",
 ]
