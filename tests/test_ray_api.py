@@ -487,7 +487,7 @@ def test_every_field_of_rays_configs_exists_or_says_what_to_use(name):
     ray_fields = {f.name for f in dataclasses.fields(getattr(ray.train, name))}
     ours = getattr(train, name)
     missing = sorted(ray_fields - {f.name for f in dataclasses.fields(ours)} - set(ours.RAY_ONLY_FIELDS))
-    assert not missing, f"{name} lacks Ray's fields {missing}: take them, or say what to use instead (config.py)"
+    assert not missing, f"{name} lacks Ray's fields {missing}: take them, or say what to use instead (config/)"
 
 
 def test_scaling_config_takes_rays_resize_interval():
