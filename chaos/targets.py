@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class UserCallback:
     supervisor. See the module docstring for what a hook that raises does.
     """
 
-    # What `RunConfig` checks its callbacks for: config.py, below every other module, imports none.
+    # What `RunConfig` checks its callbacks for: the config package, below every other module, imports none.
     is_elastic_train_callback = True
 
     def after_report(self, run_context: TrainRunContext, metrics: list[dict[str, Any]],

@@ -159,7 +159,7 @@ def status(name: str = typer.Argument(..., help="the run's name (RunConfig.name)
     console = _console()
     import ray
 
-    from elastic_train.trainer import attach
+    from elastic_train.driver.launch import attach
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:

@@ -25,7 +25,7 @@ import elastic_train as et
 from elastic_train.events import GenerationOpened, WorkerLost
 from elastic_train.torch import prepare_model
 from elastic_train.timeline import draw
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 
 log = logging.getLogger("elastic_train.demo")
 STEPS = 300

@@ -1,14 +1,12 @@
-"""`DataParallelTrainer` and `TorchTrainer`: validate the user's input, start the supervisor, follow
-the run from the driver (callbacks, the run record), and turn its summary into a `Result` or the
-error `fit()` raises. Everything that can be wrong with the input fails here, before any actor
-starts."""
+"""`DataParallelTrainer` and `TorchTrainer`, Ray Train's entry points: check the user's input (before
+any actor starts), then `fit()` runs one run from the driver: its storage and run record, the
+supervisor, the feed it follows, the `Result` or error it ends with (driver/)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import inspect
-import json
 import logging
 import sys
 import threading
@@ -17,98 +15,29 @@ import warnings
 from typing import Any, Callable, Mapping
 
 import ray
-from ray import cloudpickle
 
 from elastic_train.backend import BackendConfig, check_backend
-from elastic_train.checkpoint import Checkpoint
-from elastic_train.config import (
-    CheckpointConfig,
-    ElasticConfig,
-    FailureConfig,
-    RunConfig,
-    ScalingConfig,
-    checked_options,
-)
 from elastic_train.callbacks import CallbackRunner, TrainRunContext
-from elastic_train.constants import chdir_to_trial_dir
-from elastic_train.errors import ConfigError, ControllerError, PreemptionError, TrainingFailedError, WorkerGroupError
-from elastic_train.progress import Progress
-from elastic_train.protocol import Feed
-from elastic_train.result import Result, stored_checkpoint
-from elastic_train.run_folder.record import RUN, RunRecord, load_trainer, read_json, to_json
+from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.run_folder.summary import RunSummary
-from elastic_train.supervisor.actor import Supervisor
-from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
-from elastic_train.supervisor.state import RunState
+from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
+from elastic_train.constants import chdir_to_trial_dir
+from elastic_train.driver.arguments import as_config, check_loop, checked_metadata
+from elastic_train.driver.follow import Dispatch, follow
+from elastic_train.driver.launch import attach, start_supervisor
+from elastic_train.driver.outcome import run_result
+from elastic_train.driver.restore import is_run, restored_arguments
+from elastic_train.errors import ConfigError, ControllerError
+from elastic_train.progress import Progress
+from elastic_train.result import Result
+from elastic_train.run_folder.record import RunRecord
 from elastic_train.torch.config import TorchConfig
 from elastic_train.unsupported import TRAIN_NAMES
 from elastic_train.worker.actor import WorkerSpec
 from elastic_train.worker.context import RunInfo
 
 logger = logging.getLogger(__name__)
-
-
-def _as_config(cls: type, value: Any, owner: str) -> Any:
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, Mapping):
-        return checked_options(cls, value)
-    raise ConfigError(f"{owner} must be a {cls.__name__} or a dict of its options, got {type(value).__name__}.")
-
-
-def _check_loop(fn: Any, config: Any) -> bool:
-    """Validate the loop and its config; returns whether the loop takes the config argument."""
-    if not callable(fn):
-        raise ConfigError(
-            f"train_loop_per_worker must be a function, got {type(fn).__name__}: "
-            "pass the function itself, e.g. TorchTrainer(train_func, ...), not train_func()."
-        )
-    if config is not None and not isinstance(config, Mapping):
-        raise ConfigError(f"train_loop_config must be a dict, got {type(config).__name__}.")
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
-    if len(required) > 1:
-        raise ConfigError(
-            "train_loop_per_worker must take no argument or one (the train_loop_config dict); "
-            f"{getattr(fn, '__name__', fn)} requires {len(required)}."
-        )
-    takes_config = bool(positional) or varargs
-    if config is not None and not takes_config:
-        raise ConfigError(
-            "train_loop_config was given, but train_loop_per_worker takes no argument to receive it: "
-            "add a `config` parameter."
-        )
-    return takes_config
-
-
-HEAD_NODE_RESOURCE = "node:__internal_head__"
-
-
-def _on_head_node() -> dict[str, float]:
-    """Ray resources that place the supervisor on the head node, which the cluster cannot lose without
-    losing itself: it then never goes down with a worker node (the driver's own node may be one)."""
-    has_head = any(n["Alive"] and HEAD_NODE_RESOURCE in n["Resources"] for n in ray.nodes())
-    return {HEAD_NODE_RESOURCE: 0.001} if has_head else {}
-
-
-def supervisor_name(run_name: str) -> str:
-    """The Ray actor name of a run's supervisor (in the namespace `ACTOR_NAMESPACE`)."""
-    return f"elastic_train:{run_name}"
-
-
-def attach(run_name: str) -> Any:
-    """The live supervisor of the run named `run_name`, from any process connected to its Ray cluster
-    (raises ValueError when no such run is live)."""
-    return ray.get_actor(supervisor_name(run_name), namespace=ACTOR_NAMESPACE)
 
 
 class DataParallelTrainer:
@@ -144,7 +73,7 @@ class DataParallelTrainer:
                                     "DataConfig"), ("validation_config", validation_config, "ValidationConfig")):
             if value:
                 raise ConfigError(f"{type(self).__name__}({arg}=...): {TRAIN_NAMES[instead]}")
-        self._loop_takes_config = _check_loop(train_loop_per_worker, train_loop_config)
+        self._loop_takes_config = check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
         if backend_config is not None and not isinstance(backend_config, self._BACKEND_CLASS):
@@ -153,9 +82,9 @@ class DataParallelTrainer:
         if backend_config is not None:
             check_backend(backend_config)
         self.backend_config = backend_config
-        self.scaling_config: ScalingConfig = _as_config(ScalingConfig, scaling_config, "scaling_config")
-        self.run_config: RunConfig = _as_config(RunConfig, run_config, "run_config")
-        self.metadata = _checked_metadata(metadata)
+        self.scaling_config: ScalingConfig = as_config(ScalingConfig, scaling_config, "scaling_config")
+        self.run_config: RunConfig = as_config(RunConfig, run_config, "run_config")
+        self.metadata = checked_metadata(metadata)
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise ConfigError("resume_from_checkpoint must be an elastic_train.Checkpoint, got "
                               f"{type(resume_from_checkpoint).__name__}.")
@@ -217,35 +146,16 @@ class DataParallelTrainer:
         `storage_filesystem` that `path` is on (or those of the `run_config` passed) open the path:
         credentials are never stored in the run's folder.
         """
-        run_config = kwargs.pop("run_config", None)
-        run_config = _as_config(RunConfig, run_config, "run_config") if run_config is not None else None
-        if storage_options is None and run_config is not None:
-            storage_options = run_config.storage_options
-        if storage_filesystem is None and run_config is not None:
-            storage_filesystem = run_config.storage_filesystem
-        storage = RunStorage.at(path, storage_options, filesystem=storage_filesystem)
-        if not _is_run(storage):
-            raise ConfigError(
-                f"{cls.__name__}.restore({path!r}): neither a run record ({RUN}) nor a committed checkpoint there. Pass "
-                "the folder of an earlier run (its Result.path), with the storage_options it used."
-            )
-        if train_loop_per_worker is None:
-            stored = load_trainer(storage)
-            train_loop_per_worker = stored.pop("train_loop_per_worker")
-            stored_run_config = stored.pop("run_config")
-            run_config = run_config or stored_run_config
-            kwargs = {**stored, **kwargs}
-        run_config = dataclasses.replace(run_config or RunConfig(), storage_path=storage.storage_path,
-                                         name=storage.name, storage_options=storage_options,
-                                         storage_filesystem=storage_filesystem)
-        return cls(train_loop_per_worker, run_config=run_config, **kwargs)
+        train_loop_per_worker, arguments = restored_arguments(cls.__name__, path, train_loop_per_worker,
+                                                              storage_options, storage_filesystem, kwargs)
+        return cls(train_loop_per_worker, **arguments)
 
     @classmethod
     def can_restore(cls, path: str, storage_filesystem: Any = None, *,
                     storage_options: Mapping[str, Any] | None = None) -> bool:
         """Whether `path` holds a run that `restore(path)` can go on with (Ray Train's check before
         `restore`): its run record or a committed checkpoint."""
-        return _is_run(RunStorage.at(path, storage_options, filesystem=storage_filesystem))
+        return is_run(RunStorage.at(path, storage_options, filesystem=storage_filesystem))
 
     def stop(self, reason: str, timeout_s: float | None = None) -> bool:
         """End the `fit()` under way cleanly, from another thread (Tune's trial clean-up calls it):
@@ -325,27 +235,15 @@ class DataParallelTrainer:
             train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
             torch_config=self._torch_config or TorchConfig(), metadata=self.metadata, trial_name=trial_name,
             trial_id=trial_id))
-        supervisor = ray.remote(Supervisor).options(
-            name=supervisor_name(name), namespace=ACTOR_NAMESPACE, num_cpus=0, max_concurrency=10_000, resources=_on_head_node(),
-            # Ray restarts a dead supervisor, and re-sends the calls it had in flight (this one's too).
-            max_restarts=elastic.supervisor_max_restarts, max_task_retries=-1,
-            # Never in the caller's placement group (a Tune trial's bundle holds only its driver): the
-            # supervisor places the workers itself.
-            scheduling_strategy="DEFAULT",
-        ).remote(
-            spec,
-            self.scaling_config,
-            run.failure_config or FailureConfig(),
-            spec.checkpointing,
-        )
+        supervisor = start_supervisor(name, spec, self.scaling_config, run.failure_config or FailureConfig())
         with self._lock:
             self._supervisor, stop_reason = supervisor, self._stop_reason
         if stop_reason is not None:
             supervisor.stop_run.remote(stop_reason)
         progress = Progress(name, elastic.verbosity, elastic.progress_interval_s)
         try:
-            summary = _follow(supervisor, _Dispatch(callbacks, record, storage, progress), record,
-                              elastic.run_record_interval_s)
+            summary = follow(supervisor, Dispatch(callbacks, record, storage, progress), record,
+                             elastic.run_record_interval_s)
         except ray.exceptions.RayError as exc:  # the supervisor died for good, or its run() raised
             error = ControllerError(exc)
             record.finish("errored", error=error)
@@ -354,19 +252,8 @@ class DataParallelTrainer:
             progress.close()
             ray.kill(supervisor)
             storage.unmark_run(run_id)
-        error = _failure(summary)
-        checkpoints = [(stored_checkpoint(storage, c), c.metrics) for c in summary.checkpoints]
-        result = Result(
-            metrics=summary.metrics,
-            checkpoint=checkpoints[-1][0] if checkpoints else None,
-            path=storage.url(),
-            error=error,
-            metrics_history=summary.metrics_history,
-            best_checkpoints=checkpoints,
-            events=json.loads(to_json(summary.events)),  # as the event log (events.jsonl) holds them
-            return_value=_returned(summary.returned),
-            filesystem=storage.fs,
-        )
+        result = run_result(summary, storage)
+        error = result.error
         try:
             callbacks("on_run_end", result)
         except ControllerError as callback_error:
@@ -437,19 +324,6 @@ class TorchTrainer(DataParallelTrainer):
         return self.backend_config
 
 
-def _checked_metadata(metadata: Any) -> dict[str, Any]:
-    """TorchTrainer(metadata=...): a dict that JSON can hold (it is kept in the run record)."""
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise ConfigError(f"metadata must be a dict, got {type(metadata).__name__}.")
-    try:
-        json.dumps(dict(metadata))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"metadata must be JSON-serializable (strings, numbers, lists, dicts): {exc}.") from exc
-    return dict(metadata)
-
-
 def _tune_trial() -> tuple[str | None, str | None]:
     """The name and id of the Ray Tune trial this fit() runs in; (None, None) outside Tune. A trial
     runs with ray.tune imported: without it there is none, and nothing is imported to find out."""
@@ -463,91 +337,4 @@ def _tune_trial() -> tuple[str | None, str | None]:
         return context.get_trial_name(), context.get_trial_id()
 
 
-def _returned(pickled: bytes | None) -> Any:
-    """What rank 0's loop returned; None (with a warning) when it cannot be loaded here, e.g. its class
-    is not importable in the driver: the run itself finished."""
-    if pickled is None:
-        return None
-    try:
-        return cloudpickle.loads(pickled)
-    except Exception as exc:  # noqa: BLE001 - any error of the value's own unpickling
-        logger.warning("Result.return_value is None: what the loop returned could not be loaded here (%r)", exc)
-        return None
-
-
-def _is_run(storage: RunStorage) -> bool:
-    """Does the folder hold a run: its record, or a committed checkpoint?"""
-    return read_json(storage, RUN, None) is not None or storage.newest_committed() is not None
-
-
-def _failure(summary: RunSummary) -> TrainingFailedError | None:
-    """The error `fit()` raises for a run that ended ERRORED; None for one that finished."""
-    if summary.state is not RunState.ERRORED:
-        return None
-    if summary.preemption is not None:
-        error: TrainingFailedError = PreemptionError(summary.preemption)
-        if summary.error:
-            error.add_note(summary.error)
-        return error
-    if summary.worker_failures:
-        return WorkerGroupError(summary.error or "", summary.worker_failures)
-    return ControllerError(RuntimeError(summary.error))
-
-
-class _Dispatch:
-    """Hands each feed of the supervisor to the callbacks, in order, and to the run record."""
-
-    def __init__(self, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage, progress: Progress):
-        self._callbacks = callbacks
-        self._record = record
-        self._storage = storage
-        self._progress = progress
-        self._world_size: int | None = None
-
-    def __call__(self, feed: Feed) -> None:
-        for report in feed.reports:
-            checkpoint = stored_checkpoint(self._storage, report.checkpoint) if report.checkpoint else None
-            self._callbacks("after_report", report.metrics, checkpoint)
-        for event in feed.events:
-            if event["kind"] == "generation":
-                if self._world_size is not None and event["world_size"] != self._world_size:
-                    self._callbacks("after_resize", self._world_size, event["world_size"])
-                self._world_size = event["world_size"]
-            elif event["kind"] == "failure" and event.get("worker_failures"):
-                self._callbacks("after_exception", event["worker_failures"])
-        self._record.add(feed.reports)
-        self._progress.update(feed)
-
-
-def _follow(supervisor: Any, dispatch: _Dispatch, record: RunRecord, interval_s: float) -> RunSummary:
-    """Start the supervisor's run and follow it until it ends: long-poll the supervisor's feed (at most
-    `interval_s` per call, so the record is written on time) and dispatch it; returns the summary.
-
-    A callback's error (a `ControllerError`), or a `BaseException` raised in this thread (Tune's
-    `SystemExit` from a callback, `KeyboardInterrupt`) stops the run cleanly, waits for it to end,
-    records it, and propagates."""
-    run = supervisor.run.remote()
-    report_cursor = event_cursor = 0
-    incarnation = ""
-    try:
-        while True:
-            feed = ray.get(supervisor.feed.remote(report_cursor, event_cursor, interval_s, incarnation))
-            report_cursor, event_cursor, incarnation = feed.report_cursor, feed.event_cursor, feed.incarnation
-            dispatch(feed)
-            if feed.over:
-                return ray.get(run)
-            if ray.wait([run], timeout=0)[0]:
-                ray.get(run)  # raises if run() failed; one that returned has fed everything: the next feed is over
-    except ray.exceptions.RayError:
-        raise
-    except BaseException as exc:
-        reason = f"{type(exc).__name__} in the driver: {exc}"
-        logger.warning("stopping the run: %s", reason)
-        supervisor.stop_run.remote(reason)
-        summary = ray.get(run)
-        failed = isinstance(exc, TrainingFailedError)
-        record.finish("errored" if failed else summary.state.value, summary, exc if failed else None)
-        raise
-
-
-__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint"]
+__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint", "attach"]  # attach: README, to find a live run

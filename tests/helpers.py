@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 import elastic_train as et
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 from tests.loops import linear_regression_loop
 
 

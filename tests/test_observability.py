@@ -23,7 +23,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed, ReportRecord
 from elastic_train.run_folder.events import EVENT_LOG, EventLog, read_events
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress

@@ -43,7 +43,7 @@ from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.protocol import Assignment, PreemptionInfo
 from elastic_train.torch import TorchConfig, TorchTrainer
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
 from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
 from elastic_train.worker.persister import PartUpload, Persister
@@ -487,7 +487,7 @@ def test_every_field_of_rays_configs_exists_or_says_what_to_use(name):
     ray_fields = {f.name for f in dataclasses.fields(getattr(ray.train, name))}
     ours = getattr(train, name)
     missing = sorted(ray_fields - {f.name for f in dataclasses.fields(ours)} - set(ours.RAY_ONLY_FIELDS))
-    assert not missing, f"{name} lacks Ray's fields {missing}: take them, or say what to use instead (config.py)"
+    assert not missing, f"{name} lacks Ray's fields {missing}: take them, or say what to use instead (config/)"
 
 
 def test_scaling_config_takes_rays_resize_interval():
@@ -988,10 +988,10 @@ def test_a_return_value_that_cannot_travel_fails_clearly_and_one_that_cannot_loa
     import threading as _threading
 
     from elastic_train.protocol import Outcome
-    from elastic_train.trainer import _returned
+    from elastic_train.driver.outcome import returned
 
     with pytest.raises(TypeError, match=r"returned a lock, which cannot be pickled: return a picklable value"):
         Outcome.finished(0, _threading.Lock())
     assert Outcome.finished(0, None).returned is None
-    assert _returned(Outcome.finished(0, {"acc": 0.9}).returned) == {"acc": 0.9}
-    assert _returned(b"not a pickle") is None and "could not be loaded here" in caplog.text
+    assert returned(Outcome.finished(0, {"acc": 0.9}).returned) == {"acc": 0.9}
+    assert returned(b"not a pickle") is None and "could not be loaded here" in caplog.text

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from elastic_train.protocol import Report
-from elastic_train.trainer import attach
+from elastic_train.driver.launch import attach
 from elastic_train.worker.report_sender import ReportSender
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress

@@ -1,0 +1,77 @@
+"""Following a run from the driver: long-poll the supervisor's feed and hand each feed, in order, to
+the user's callbacks, the run record and what `fit()` shows, until the run ends. A driver-side error
+(a callback's, or an interrupt) stops the run cleanly before it propagates."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from elastic_train.callbacks import CallbackRunner
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.errors import TrainingFailedError
+from elastic_train.progress import Progress
+from elastic_train.protocol import Feed
+from elastic_train.result import stored_checkpoint
+from elastic_train.run_folder.record import RunRecord
+from elastic_train.run_folder.summary import RunSummary
+
+logger = logging.getLogger(__name__)
+
+
+class Dispatch:
+    """Hands each feed of the supervisor to the callbacks, in order, and to the run record."""
+
+    def __init__(self, callbacks: CallbackRunner, record: RunRecord, storage: RunStorage, progress: Progress):
+        self._callbacks = callbacks
+        self._record = record
+        self._storage = storage
+        self._progress = progress
+        self._world_size: int | None = None
+
+    def __call__(self, feed: Feed) -> None:
+        for report in feed.reports:
+            checkpoint = stored_checkpoint(self._storage, report.checkpoint) if report.checkpoint else None
+            self._callbacks("after_report", report.metrics, checkpoint)
+        for event in feed.events:
+            if event["kind"] == "generation":
+                if self._world_size is not None and event["world_size"] != self._world_size:
+                    self._callbacks("after_resize", self._world_size, event["world_size"])
+                self._world_size = event["world_size"]
+            elif event["kind"] == "failure" and event.get("worker_failures"):
+                self._callbacks("after_exception", event["worker_failures"])
+        self._record.add(feed.reports)
+        self._progress.update(feed)
+
+
+def follow(supervisor: Any, dispatch: Dispatch, record: RunRecord, interval_s: float) -> RunSummary:
+    """Start the supervisor's run and follow it until it ends: long-poll the supervisor's feed (at most
+    `interval_s` per call, so the record is written on time) and dispatch it; returns the summary.
+
+    A callback's error (a `ControllerError`), or a `BaseException` raised in this thread (Tune's
+    `SystemExit` from a callback, `KeyboardInterrupt`) stops the run cleanly, waits for it to end,
+    records it, and propagates."""
+    run = supervisor.run.remote()
+    report_cursor = event_cursor = 0
+    incarnation = ""
+    try:
+        while True:
+            feed = ray.get(supervisor.feed.remote(report_cursor, event_cursor, interval_s, incarnation))
+            report_cursor, event_cursor, incarnation = feed.report_cursor, feed.event_cursor, feed.incarnation
+            dispatch(feed)
+            if feed.over:
+                return ray.get(run)
+            if ray.wait([run], timeout=0)[0]:
+                ray.get(run)  # raises if run() failed; one that returned has fed everything: the next feed is over
+    except ray.exceptions.RayError:
+        raise
+    except BaseException as exc:
+        reason = f"{type(exc).__name__} in the driver: {exc}"
+        logger.warning("stopping the run: %s", reason)
+        supervisor.stop_run.remote(reason)
+        summary = ray.get(run)
+        failed = isinstance(exc, TrainingFailedError)
+        record.finish("errored" if failed else summary.state.value, summary, exc if failed else None)
+        raise
