@@ -12,6 +12,7 @@ import ray
 from elastic_train.callbacks import CallbackRunner
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import TrainingFailedError
+from elastic_train.events import Failure, GenerationOpened
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed
 from elastic_train.result import stored_checkpoint
@@ -36,12 +37,13 @@ class Dispatch:
             checkpoint = stored_checkpoint(self._storage, report.checkpoint) if report.checkpoint else None
             self._callbacks("after_report", report.metrics, checkpoint)
         for event in feed.events:
-            if event["kind"] == "generation":
-                if self._world_size is not None and event["world_size"] != self._world_size:
-                    self._callbacks("after_resize", self._world_size, event["world_size"])
-                self._world_size = event["world_size"]
-            elif event["kind"] == "failure" and event.get("worker_failures"):
-                self._callbacks("after_exception", event["worker_failures"])
+            opened, failure = GenerationOpened.of(event), Failure.of(event)
+            if opened is not None:
+                if self._world_size is not None and opened.world_size != self._world_size:
+                    self._callbacks("after_resize", self._world_size, opened.world_size)
+                self._world_size = opened.world_size
+            elif failure is not None and failure.worker_failures:
+                self._callbacks("after_exception", failure.worker_failures)
         self._record.add(feed.reports)
         self._progress.update(feed)
 
