@@ -204,7 +204,7 @@ class Report:
     names: list[str] | None  # the files of its checkpoint part; None: no checkpoint
     loader_states: list[dict[str, Any]]
     dir_name: str | None = None  # the folder the loop named (`checkpoint_dir_name`)
-    registered: bool = False  # the loop stored the checkpoint itself (NO_UPLOAD)
+    stored_by_loop: bool = False  # the loop stored the checkpoint itself (NO_UPLOAD)
     sync: bool = False  # SYNC: stored whatever the cadence
     pace: Pace | None = None
     # A live dict part: whether its rank found it due to be stored (never a kept state's); None: the cadence's call.
@@ -215,11 +215,11 @@ class Report:
 class ReportReply:
     accepted: bool  # False for a stale generation: the worker is fenced
     unwind: bool = False  # leave the loop after this report: the group is being resized
-    persist: bool = False  # this checkpoint is stored (the persistence cadence chose it)
-    upload: bool = False  # this worker uploads its part (a dict checkpoint several ranks reported: the lowest rank)
+    store: bool = False  # this checkpoint is stored (the store cadence chose it)
+    store_part: bool = False  # this worker stores its part (a dict checkpoint several ranks reported: the lowest rank)
     replaceable: bool = True  # a newer checkpoint may replace it before its upload starts
     dir_name: str | None = None  # the folder the report named (the first rank's `checkpoint_dir_name`)
-    list_stored: bool = False  # list the checkpoint the loop stored itself (NO_UPLOAD) and report it persisted
+    list_stored: bool = False  # list the checkpoint the loop stored itself (NO_UPLOAD) and report it stored
 
 
 @dataclass

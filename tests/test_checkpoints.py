@@ -171,20 +171,20 @@ def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
 
 @pytest.mark.timeout(10)
 def test_persist_cadence_all_by_default_every_n_one_in_flight_and_all_by_score():
-    from elastic_train.supervisor.cadence import PersistCadence
+    from elastic_train.supervisor.cadence import StoreCadence
 
-    every = PersistCadence(et.CheckpointConfig(), now=0.0)
+    every = StoreCadence(et.CheckpointConfig(), now=0.0)
     # No cadence asked for (the default, Ray's contract): every checkpoint, in order, none replaced.
     assert all(every.choose(i, now=0.0) for i in range(1, 6)) and not every.replaceable
-    newest = PersistCadence(et.CheckpointConfig(persist_every_n_reports=2), now=0.0)
+    newest = StoreCadence(et.CheckpointConfig(persist_every_n_reports=2), now=0.0)
     # Every 2nd report, but not while the chosen one (2) is still on its way; once it settles, the next report.
     assert [newest.choose(i, now=i) for i in (1, 2, 3, 4)] == [False, True, False, False]
     newest.settled(2)
     assert [newest.choose(i, now=i) for i in (5, 6, 7)] == [True, False, False]
-    scored = PersistCadence(et.CheckpointConfig(persist_every_n_reports=2, checkpoint_score_attribute="loss"), 0.0)
+    scored = StoreCadence(et.CheckpointConfig(persist_every_n_reports=2, checkpoint_score_attribute="loss"), 0.0)
     # Kept by score: nothing skipped for an upload in flight, and still every 2nd report.
     assert [i for i in range(1, 9) if scored.choose(i, now=i)] == [2, 4, 6, 8]
-    timed = PersistCadence(et.CheckpointConfig(persist_every_n_reports=None, persist_interval_s=10.0), 0.0)
+    timed = StoreCadence(et.CheckpointConfig(persist_every_n_reports=None, persist_interval_s=10.0), 0.0)
     chosen = []
     for t in (1, 5, 11, 12, 25):
         if timed.choose(t, now=t):

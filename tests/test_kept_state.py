@@ -215,7 +215,7 @@ def test_a_kept_state_serves_a_resume_but_is_never_stored():
         ledger.record(0, 2, 4, rank, worker, [STATE_FILE], {"step": 4}, [{"epoch": 0, "position": 32}])
     plan = ledger.resume_plan({11})
     assert (plan.index, plan.holders, plan.state_only) == (4, {11: [STATE_FILE]}, True)
-    assert not ledger.entries[4].persist and not plan.store
+    assert not ledger.entries[4].to_store and not plan.store
     ledger.record(0, 2, 5, 0, 10, [DICT_FILE], {"step": 5}, [])
     ledger.record(0, 2, 5, 1, 11, [DICT_FILE], {"step": 5}, [])
     assert not ledger.resume_plan({11}).state_only  # a checkpoint the loop reported is get_checkpoint()'s

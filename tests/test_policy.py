@@ -172,11 +172,11 @@ def test_who_uploads_a_stored_checkpoint(pattern, uploading_ranks):
     rank reported: one rank's part is all of it, so rank 0 alone uploads and the others are not waited for."""
     ledger = _ledger_after(pattern, world=3, reports=1, replicas=False)
     entry = ledger.entries[1]
-    entry.persist = bool(entry.parts)
+    entry.to_store = bool(entry.parts)
     assert entry.uploaders() == uploading_ranks  # worker id = rank here
     assert entry.unstored() == uploading_ranks
     for rank in uploading_ranks:
-        ledger.mark_persisted(1, rank, {name: {"size": 1} for name in entry.parts[rank][1]}, 0)
+        ledger.mark_stored(1, rank, {name: {"size": 1} for name in entry.parts[rank][1]}, 0)
     assert entry.unstored() == set() and entry.ready_to_commit == bool(uploading_ranks)
 
 
@@ -191,9 +191,9 @@ def test_a_long_run_keeps_a_small_ledger_and_what_resumes_and_storage_still_need
         names = ["dict_checkpoint.pt"] if index % 10 == 0 else None
         for rank in range(2):
             entry = ledger.record(0, 2, index, rank, rank, names, {"step": index}, [])
-        entry.persist = True if index % 100 == 0 else None
+        entry.to_store = True if index % 100 == 0 else None
         if index == 50_000:
-            entry.persisted = {0: {"dict_checkpoint.pt": {"size": 1}}}  # rank 1's part never stored
+            entry.stored = {0: {"dict_checkpoint.pt": {"size": 1}}}  # rank 1's part never stored
             entry.given_up = True
         elif index % 100 == 0 and index != 99_900:  # 99_900: its upload is still on its way
             entry.committed = True
@@ -287,17 +287,17 @@ def _entry(**fields) -> ReportEntry:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("entry, generation, live, replaceable, expected", [
-    (_entry(persist=True), 2, {10, 11}, False, False),  # both uploaders alive: it may still commit
+    (_entry(to_store=True), 2, {10, 11}, False, False),  # both uploaders alive: it may still commit
     (None, 2, {10, 11}, False, True),  # its generation rewound past it
-    (_entry(persist=True), 1, {10, 11}, False, True),  # another generation's report of that index
-    (_entry(persist=True, given_up=True), 2, {10, 11}, False, True),  # a part given up
-    (_entry(persist=True), 2, {10}, False, True),  # worker 11 had to store its part and is gone
-    (_entry(persist=True, persisted={11: {}}), 2, {10}, False, False),  # ... but had stored it first
-    (_entry(registered=True, registered_by={1}), 2, {10}, False, True),  # the rank that stored it itself is gone
-    (_entry(registered=True, registered_by={0, 1}), 2, {10}, False, False),  # one of those that did lives
-    (_entry(persist=False), 2, {10, 11}, True, False),  # replaceable, but of the current generation
-    (_entry(generation=1, persist=False), 1, {10, 11}, True, True),  # replaced by the newer generation's
-    (_entry(generation=1, persist=False, persisted={10: {}}), 1, {10, 11}, True, False),  # already stored
+    (_entry(to_store=True), 1, {10, 11}, False, True),  # another generation's report of that index
+    (_entry(to_store=True, given_up=True), 2, {10, 11}, False, True),  # a part given up
+    (_entry(to_store=True), 2, {10}, False, True),  # worker 11 had to store its part and is gone
+    (_entry(to_store=True, stored={11: {}}), 2, {10}, False, False),  # ... but had stored it first
+    (_entry(stored_by_loop=True, stored_by_ranks={1}), 2, {10}, False, True),  # the rank that stored it itself is gone
+    (_entry(stored_by_loop=True, stored_by_ranks={0, 1}), 2, {10}, False, False),  # one of those that did lives
+    (_entry(to_store=False), 2, {10, 11}, True, False),  # replaceable, but of the current generation
+    (_entry(generation=1, to_store=False), 1, {10, 11}, True, True),  # replaced by the newer generation's
+    (_entry(generation=1, to_store=False, stored={10: {}}), 1, {10, 11}, True, False),  # already stored
 ])
 def test_a_checkpoint_held_back_is_let_through_without_it_only_when_it_can_no_longer_commit(
         entry, generation, live, replaceable, expected):
@@ -310,8 +310,8 @@ def test_the_run_ends_by_storing_the_newest_checkpoint_held_only_when_storage_la
     newest = ResumePlan(8, {10: ["model.pt"]}, generation=2)
     assert policy.final_flush(newest, 5, None, failed=False) is newest  # nothing of it in storage
     assert policy.final_flush(newest, 8, None, failed=False) is None  # committed already
-    assert policy.final_flush(newest, 5, _entry(persisted={10: {}}), failed=False) is None  # on its way
-    assert policy.final_flush(newest, 5, _entry(persisted={10: {}}), failed=True) is newest  # a failed run's, whatever
+    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), failed=False) is None  # on its way
+    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), failed=True) is newest  # a failed run's, whatever
     assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, failed=True) is None  # a kept state: never
     assert policy.final_flush(None, 0, None, failed=True) is None
 
@@ -365,7 +365,7 @@ def test_each_member_is_told_its_place_the_rendezvous_of_rank_0_and_its_buddy():
 
 # -- what is stored, when a preempted group re-forms, when the run has failed too often ---------
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("decided, registered, store, carries_files, sync, due, expected", [
+@pytest.mark.parametrize("decided, stored_by_loop, store, carries_files, sync, due, expected", [
     (None, True, None, True, False, False, True),  # the loop stored it itself: committed once listed
     (None, False, True, True, False, False, True),  # a live dict part a rank found due
     (None, False, False, True, False, True, None),  # a live dict part not due: the cadence is not asked
@@ -376,16 +376,16 @@ def test_each_member_is_told_its_place_the_rendezvous_of_rank_0_and_its_buddy():
     (False, False, None, True, False, True, False),  # decided by its first report: not asked again
     (None, False, None, False, False, True, None),  # no checkpoint: nothing to decide
 ])
-def test_which_reported_checkpoint_is_stored(decided, registered, store, carries_files, sync, due, expected):
+def test_which_reported_checkpoint_is_stored(decided, stored_by_loop, store, carries_files, sync, due, expected):
     asked = []
 
     def cadence() -> bool:
         asked.append(True)
         return due
 
-    assert policy.to_store(decided, registered=registered, store=store, carries_files=carries_files, sync=sync,
+    assert policy.to_store(decided, stored_by_loop=stored_by_loop, store=store, carries_files=carries_files, sync=sync,
                            due=cadence) is expected
-    assert len(asked) <= 1 and (not asked or (carries_files and decided is None and not sync and not registered
+    assert len(asked) <= 1 and (not asked or (carries_files and decided is None and not sync and not stored_by_loop
                                               and store is None))
 
 

@@ -30,8 +30,8 @@ def _plan(checkpoint: bool = True, in_memory: bool = False, mode: CheckpointUplo
     (dict(in_memory=True), Carries.LIVE, False, False, False),  # a live dict part: its ranks decide
     (dict(in_memory=True, live_due=True), Carries.LIVE, False, True, False),
     (dict(in_memory=True, named=True, live_due=True), Carries.LIVE, True, True, False),  # named: the supervisor
-    (dict(mode=NO_UPLOAD), Carries.REGISTERED, True, None, True),  # the loop stored it: listed, then committed
-    (dict(in_memory=True, user_upload=True), Carries.REGISTERED, True, None, True),  # upload_fn: as NO_UPLOAD
+    (dict(mode=NO_UPLOAD), Carries.LOOP_STORED, True, None, True),  # the loop stored it: listed, then committed
+    (dict(in_memory=True, user_upload=True), Carries.LOOP_STORED, True, None, True),  # upload_fn: as NO_UPLOAD
     (dict(checkpoint=False, user_upload=True), Carries.NOTHING, False, None, False),  # upload_fn, no checkpoint
 ])
 def test_what_a_report_carries(kwargs, carries, decide, store, waits_commit):
@@ -70,7 +70,7 @@ def _after(plan: ReportPlan, agreed: Agreed, rank: int = 0, previous: Agreed | N
 @pytest.mark.timeout(10)
 def test_a_checkpoint_the_supervisor_decides_on_is_a_round_trip():
     after = _after(_plan(), Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False, some_part=True))
-    assert after.round_trip and not after.stores_live and not after.keeps_unpersisted and not after.unwind
+    assert after.round_trip and not after.stores_live and not after.keeps_unstored and not after.unwind
 
 
 @pytest.mark.timeout(10)
@@ -80,7 +80,7 @@ def test_a_live_part_not_due_is_batched_and_kept_to_store_if_the_loop_ends(rank,
     agreed = Agreed(checkpoint=False, unwind=False, every_part=every_part, store_live=False, some_part=True)
     after = _after(_plan(in_memory=True), agreed, rank=rank)
     assert not after.round_trip and after.store is False and not after.stores_live
-    assert after.keeps_unpersisted is keeps
+    assert after.keeps_unstored is keeps
 
 
 @pytest.mark.timeout(10)
@@ -89,7 +89,7 @@ def test_a_live_part_due_on_every_rank_is_stored_by_rank_zero_without_asking(ran
     agreed = Agreed(checkpoint=False, unwind=False, every_part=True, store_live=True, some_part=True)
     after = _after(_plan(in_memory=True, live_due=True), agreed, rank=rank)
     assert not after.round_trip and after.store is True and after.stores_live
-    assert after.uploads_live is (rank == 0) and not after.keeps_unpersisted
+    assert after.uploads_live is (rank == 0) and not after.keeps_unstored
 
 
 @pytest.mark.timeout(10)
@@ -105,7 +105,7 @@ def test_a_kept_state_gives_way_to_a_peers_checkpoint(some_part, drops):
     agreed = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False, some_part=some_part)
     after = _after(_plan(checkpoint=False, keeps_state=True), agreed)
     assert after.drops_kept is drops and not after.round_trip and after.store is False
-    assert not after.keeps_unpersisted
+    assert not after.keeps_unstored
 
 
 @pytest.mark.timeout(10)

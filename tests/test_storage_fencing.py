@@ -219,7 +219,7 @@ def _report(ledger: CheckpointLedger, generation: int, index: int, parts: dict[i
     for rank, (worker_id, names) in enumerate(parts.items()):
         reported = dict(metrics) if rank == 0 else None
         entry = ledger.record(generation, len(parts), index, rank, worker_id, names, reported, [])
-        entry.persist = True
+        entry.to_store = True
 
 
 @pytest.mark.timeout(10)
@@ -229,9 +229,9 @@ def test_a_part_of_an_older_generation_never_counts_for_an_index_reported_again(
     ledger.rewind(1)
     _report(ledger, 1, 2, {10: ["shard_0"], 11: ["shard_1"]})
     stale = file_facts({"shard_1": b"generation 0"})
-    assert ledger.mark_persisted(2, 11, stale, generation=0) is None
-    entry = ledger.mark_persisted(2, 10, file_facts({"shard_0": b"generation 1"}), generation=1)
-    assert entry is not None and not entry.ready_to_commit and entry.persisted.keys() == {10}
+    assert ledger.mark_stored(2, 11, stale, generation=0) is None
+    entry = ledger.mark_stored(2, 10, file_facts({"shard_0": b"generation 1"}), generation=1)
+    assert entry is not None and not entry.ready_to_commit and entry.stored.keys() == {10}
     # A folder that a live rank may still upload into is given up at once, removed only once it is done.
     _report(ledger, 1, 3, {10: ["shard_0"], 11: ["shard_1"]})
     assert ledger.abandoned_before(3, live_workers={10, 11}) == []
@@ -268,7 +268,7 @@ class _Commits(Commits):
 async def _store(commits: _Commits, worker_id: int, generation: int, index: int, files: dict[str, bytes]) -> None:
     """What a worker's persister does with its part: write it, tell the supervisor, wait for any commit."""
     facts = commits._storage.write_part(index, files, generation=generation)
-    commits.part_persisted(worker_id, generation, index, facts)
+    commits.part_stored(worker_id, generation, index, facts)
     await commits.tasks.wait(time.monotonic() + 20)
 
 

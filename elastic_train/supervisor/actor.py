@@ -130,14 +130,14 @@ class Supervisor:
         """A worker's report waited for its earlier checkpoints' uploads (storage behind the reports)."""
         self._controller.telemetry.record(ReportWaitedForUpload(worker_id, index, round(waited_s, 3)))
 
-    async def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any],
+    async def part_stored(self, worker_id: int, generation: int, index: int, facts: dict[str, Any],
                              upload_s: float | None = None) -> None:
         """A worker stored its part of checkpoint `index` of `generation` (see commits.py), in
         `upload_s` (None: the loop stored it itself)."""
         w = await self._record(worker_id)
         if w is not None and upload_s is not None:
             self._controller.exported.uploaded(w, sum(f["size"] for f in facts.values()), upload_s)
-        self._controller.commits.part_persisted(worker_id, generation, index, facts)
+        self._controller.commits.part_stored(worker_id, generation, index, facts)
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
                            parked: bool = False, facts: dict[str, dict[str, Any]] | None = None) -> None:

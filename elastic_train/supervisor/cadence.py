@@ -19,7 +19,7 @@ from __future__ import annotations
 from elastic_train.config import CheckpointConfig
 
 
-class PersistCadence:
+class StoreCadence:
     def __init__(self, config: CheckpointConfig, now: float):
         self._config = config
         self._reports_since = 0

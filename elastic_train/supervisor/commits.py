@@ -99,11 +99,11 @@ class Commits:
         for attempt in self._storage.sweep(is_committed):
             logger.info("removed %s: it was never committed, or is corrupt", self._storage.url(attempt.dirname))
 
-    def part_persisted(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
+    def part_stored(self, worker_id: int, generation: int, index: int, facts: dict[str, Any]) -> None:
         """A worker stored its part of checkpoint `index` of `generation`; the last part commits the
         checkpoint. A part of another generation than the one the ledger holds for `index` is
         ignored: it was stored into its own generation's folder, which is never committed."""
-        entry = self._ledger.mark_persisted(index, worker_id, facts, generation)
+        entry = self._ledger.mark_stored(index, worker_id, facts, generation)
         if entry is not None:
             self.commit_if_ready(index, entry)
 
@@ -129,7 +129,7 @@ class Commits:
         self._tasks.track(self._commit(index, manifest, entry.dir_name))
 
     async def _commit(self, index: int, manifest: Manifest, name: str | None) -> None:
-        """Commit checkpoint `index` (`part_persisted` began it), then remove what it makes
+        """Commit checkpoint `index` (`part_stored` began it), then remove what it makes
         obsolete: older torn attempts, and checkpoints beyond retention."""
         loop = asyncio.get_running_loop()
         attempt = Attempt(index, manifest.generation, name)

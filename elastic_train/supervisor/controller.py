@@ -25,7 +25,7 @@ from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, Stop
 from elastic_train.run_folder.events import EventLog
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor import notices, policy
-from elastic_train.supervisor.cadence import PersistCadence
+from elastic_train.supervisor.cadence import StoreCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.ending import Ending
 from elastic_train.supervisor.heartbeats import Heartbeats
@@ -71,7 +71,7 @@ class Controller:
         self.telemetry = Telemetry([self.log, self.exported], self._started)
         self.tasks = Tasks()
         self.ledger = CheckpointLedger(self._elastic.checkpoints_in_memory)
-        self.cadence = PersistCadence(checkpointing, time.monotonic())
+        self.cadence = StoreCadence(checkpointing, time.monotonic())
         self.roster = Roster(spec, scaling, prefix, self.telemetry, self.tasks, self.wake)
         self.commits = Commits(spec.storage, checkpointing, self.ledger, self, self.telemetry, self.tasks)
         self.reports = Reports(self, self._elastic, self.roster, self.ledger, self.commits, self.cadence,
@@ -384,7 +384,7 @@ class Controller:
         self.reports.settle(generation, index, committed)
 
     def storage_failed(self, message: str) -> None:
-        """A permanent storage error: the run cannot persist anything, so it fails."""
+        """A permanent storage error: the run cannot store anything, so it fails."""
         if not self._state.terminal:
             self.fail(message)
             self.wake.set()

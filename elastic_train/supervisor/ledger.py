@@ -1,5 +1,5 @@
 """The supervisor's record of reported checkpoints: what each rank reported, who holds it in
-memory, what is persisted, and which checkpoint a new generation resumes from.
+memory, what is stored, and which checkpoint a new generation resumes from.
 
 Merge rule (as Ray Train's): a checkpoint is the union of the files its ranks reported, by name;
 ranks reporting the same name report the same replicated content. So a checkpoint can be served
@@ -28,15 +28,15 @@ class ReportEntry:
     metrics: dict[str, Any] | None = None  # rank 0's: a committed checkpoint's manifest keeps them
     metrics_by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
     loader_states: list[dict[str, Any]] = field(default_factory=list)
-    persist: bool | None = None  # chosen by the persistence cadence when the first part is reported
-    persisted: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # worker id -> stored file facts
+    to_store: bool | None = None  # chosen by the store cadence when the first part is reported
+    stored: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # worker id -> stored file facts
     committed: bool = False
     given_up: bool = False  # a part could not be stored: this index will never commit
     unwind: bool = False  # the group re-forms after this report (decided when the last rank reports it)
     made: bool = False  # every rank reported it, and the supervisor acted on that (once)
     dir_name: str | None = None  # the folder the report named (`checkpoint_dir_name`); None: ours
-    registered: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
-    registered_by: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it
+    stored_by_loop: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
+    stored_by_ranks: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it
     # Made by every rank, though not every rank's report came: its barrier failed after its step, and a
     # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
     # rank died with its report on the way (closed when the generation ended).
@@ -70,13 +70,13 @@ class ReportEntry:
 
     @property
     def ready_to_commit(self) -> bool:
-        stored = (self.registered and bool(self.persisted)) or (bool(self.parts) and self.names <= set(self.file_facts()))
+        stored = (self.stored_by_loop and bool(self.stored)) or (bool(self.parts) and self.names <= set(self.file_facts()))
         return self.whole and stored and not self.committed and not self.given_up
 
     @property
     def pending(self) -> bool:
         """Its checkpoint is still to be committed, or parts of it are stored and it never will be."""
-        return not self.committed and ((bool(self.persist) and not self.given_up) or bool(self.persisted))
+        return not self.committed and ((bool(self.to_store) and not self.given_up) or bool(self.stored))
 
     def uploaders(self) -> set[int]:
         """The workers that store a part: every reporter, as in Ray Train, except of a dict checkpoint
@@ -88,7 +88,7 @@ class ReportEntry:
 
     def unstored(self) -> set[int]:
         """The workers told to store a part of this checkpoint that have not reported it stored."""
-        return self.uploaders() - set(self.persisted) if self.persist else set()
+        return self.uploaders() - set(self.stored) if self.to_store else set()
 
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory (a copy found corrupt aside): its reporters, by
@@ -106,7 +106,7 @@ class ReportEntry:
     def file_facts(self) -> dict[str, dict[str, Any]]:
         """Size and checksum of every stored file, merged over the workers that stored them by name."""
         merged: dict[str, dict[str, Any]] = {}
-        for facts in self.persisted.values():
+        for facts in self.stored.values():
             merged.update(facts)
         return merged
 
@@ -219,7 +219,7 @@ class CheckpointLedger:
         for index, entry in self.entries.items():
             entry.reported_ranks.update(m.rank for m in members if m.index >= index)
 
-    def mark_persisted(
+    def mark_stored(
         self, index: int, worker_id: int, facts: dict[str, dict[str, Any]], generation: int
     ) -> ReportEntry | None:
         """Note that `worker_id` stored its part of checkpoint `index` of `generation`; returns the
@@ -228,7 +228,7 @@ class CheckpointLedger:
         entry = self.entries.get(index)
         if entry is None or entry.generation != generation:
             return None
-        entry.persisted[worker_id] = facts
+        entry.stored[worker_id] = facts
         return entry
 
     def abandoned_before(self, index: int, live_workers: set[int]) -> list[tuple[int, int, str | None]]:
@@ -241,12 +241,12 @@ class CheckpointLedger:
         names = {e.dir_name for i, e in self.entries.items() if i >= index and e.dir_name}
         found = []
         for i, e in self.entries.items():
-            if i >= index or e.committed or not e.persisted:
+            if i >= index or e.committed or not e.stored:
                 continue
             e.given_up = True
             if e.unstored() & live_workers:
                 continue
-            e.persisted.clear()
+            e.stored.clear()
             if e.dir_name not in names:
                 found.append((i, e.generation, e.dir_name))
         return sorted(found)
@@ -275,7 +275,7 @@ class CheckpointLedger:
                 if name in entry.copies.get(holder, {}):
                     facts[name] = entry.copies[holder][name]
             else:
-                store = entry.made_by_all and bool(entry.persist) and not entry.persisted and not entry.committed
+                store = entry.made_by_all and bool(entry.to_store) and not entry.stored and not entry.committed
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
                                   state_only=entry.state_only, facts=facts)

@@ -90,13 +90,13 @@ class Member:
                    detail=w.lost_reason if lost else (w.outcome.detail if w.outcome else ""))
 
 
-def to_store(decided: bool | None, *, registered: bool, store: bool | None, carries_files: bool, sync: bool,
+def to_store(decided: bool | None, *, stored_by_loop: bool, store: bool | None, carries_files: bool, sync: bool,
              due: Callable[[], bool]) -> bool | None:
     """Is a reported checkpoint stored, given a rank's report of it (None: not decided yet)? One the
     loop stored itself is; a live dict part is when one of its ranks found it due (`store`); a
     checkpoint of files is decided by its first report: a SYNC one waits for its commit, so it is
     stored whatever the cadence, any other when the cadence finds it `due()` (asked only then)."""
-    if registered:
+    if stored_by_loop:
         return True
     if store is not None:
         return True if store else decided
@@ -203,15 +203,15 @@ def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: 
              members: Mapping[int, int], replaceable: bool) -> bool:
     """Can checkpoint `entry`, reported in `generation`, no longer commit? Its generation rewound past
     it (no entry, or another generation's), a part was given up, a worker that had to store a part is
-    gone (or, for one the loop stored itself, every rank that registered it), or, under a cadence
+    gone (or, for one the loop stored itself, every rank that reported it stored), or, under a cadence
     that replaces waiting uploads, a newer generation's checkpoint replaced it before its upload.
     `live`: the workers alive; `members`: the current generation's worker id by rank."""
     if entry is None or entry.generation != generation or entry.given_up or entry.unstored() - live:
         return True
-    registrars = {members[rank] for rank in entry.registered_by if rank in members}
-    if entry.registered and not entry.persisted and not registrars & live:
+    registrars = {members[rank] for rank in entry.stored_by_ranks if rank in members}
+    if entry.stored_by_loop and not entry.stored and not registrars & live:
         return True
-    return replaceable and generation < current_generation and not entry.persisted
+    return replaceable and generation < current_generation and not entry.stored
 
 
 def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry | None, *,
@@ -222,7 +222,7 @@ def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry
     kept for recovery alone."""
     if newest is None or newest.index <= stored_index or newest.state_only:
         return None
-    storing = entry is not None and (entry.committed or bool(entry.persisted))
+    storing = entry is not None and (entry.committed or bool(entry.stored))
     return newest if failed or not storing else None
 
 

@@ -16,7 +16,7 @@ from elastic_train.events import MemoryGrowing, ReportUnagreedKept, StaleReportR
 from elastic_train.protocol import Pace, Report, ReportRecord, ReportReply
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.agreement import Agreements
-from elastic_train.supervisor.cadence import PersistCadence
+from elastic_train.supervisor.cadence import StoreCadence
 from elastic_train.supervisor.commits import Commits
 from elastic_train.supervisor.feed import ReportFeed
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
@@ -30,7 +30,7 @@ from elastic_train.supervisor.telemetry import Telemetry
 
 class Reports:
     def __init__(self, run: RunView, elastic: ElasticConfig, roster: Roster, ledger: CheckpointLedger,
-                 commits: Commits, cadence: PersistCadence, telemetry: Telemetry, exported: RunMetrics):
+                 commits: Commits, cadence: StoreCadence, telemetry: Telemetry, exported: RunMetrics):
         self._run = run
         self._elastic = elastic
         self._roster = roster
@@ -90,11 +90,11 @@ class Reports:
             await self._barriers.setdefault(report.index, asyncio.Event()).wait()
         if self.rejects(w, report.generation, report.index):
             return ReportReply(accepted=False)
-        persist = bool(entry.persist) and not entry.registered
-        return ReportReply(accepted=True, unwind=entry.unwind, persist=persist,
-                           upload=persist and w.worker_id in entry.uploaders(),
+        store = bool(entry.to_store) and not entry.stored_by_loop
+        return ReportReply(accepted=True, unwind=entry.unwind, store=store,
+                           store_part=store and w.worker_id in entry.uploaders(),
                            replaceable=self._cadence.replaceable, dir_name=entry.dir_name,
-                           list_stored=report.registered and w.rank == min(entry.registered_by))
+                           list_stored=report.stored_by_loop and w.rank == min(entry.stored_by_ranks))
 
     def record(self, w: WorkerRecord, report: Report) -> ReportEntry | None:
         """Record a member's report in the ledger; once every member made it, it counts and its
@@ -108,10 +108,10 @@ class Reports:
         if report.pace is not None:
             self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace
         entry.dir_name = entry.dir_name or report.dir_name
-        if report.registered:  # the loop stored it itself: committed once a rank has listed it (`part_persisted`)
-            entry.registered = True
-            entry.registered_by.add(w.rank)
-        entry.persist = policy.to_store(entry.persist, registered=report.registered, store=report.store,
+        if report.stored_by_loop:  # the loop stored it itself: committed once a rank has listed it (`part_stored`)
+            entry.stored_by_loop = True
+            entry.stored_by_ranks.add(w.rank)
+        entry.to_store = policy.to_store(entry.to_store, stored_by_loop=report.stored_by_loop, store=report.store,
                                         carries_files=report.names is not None, sync=report.sync,
                                         due=lambda: self._cadence.choose(index, time.monotonic()))
         self.latest = max(self.latest, index)
@@ -132,8 +132,8 @@ class Reports:
         entry = self._ledger.record_unagreed(report.generation, self._run.world_size, report.index, w.rank,
                                              w.worker_id, report.names or [], report.metrics, report.loader_states)
         entry.dir_name = entry.dir_name or report.dir_name
-        if entry.persist is None:
-            entry.persist = bool(report.store)
+        if entry.to_store is None:
+            entry.to_store = bool(report.store)
         self._telemetry.record(ReportUnagreedKept(w.worker_id, w.rank, report.generation, report.index))
 
     def _made(self, entry: ReportEntry, index: int, metrics: dict[str, Any] | None) -> None:
@@ -146,7 +146,7 @@ class Reports:
                                  "_world_size": entry.world_size, "_time": made_at})
         self.feed.made(ReportRecord(index, entry.generation, entry.world_size,
                                     [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)], time=made_at),
-                       awaits_commit=bool(entry.persist))
+                       awaits_commit=bool(entry.to_store))
         self._telemetry.news()
         self._commits.commit_if_ready(index, entry)  # its stored part may have come before its last report
         self._ledger.prune()

@@ -318,7 +318,7 @@ class TrainWorker:
 
     def _flush_last_checkpoint(self, session: TrainSession) -> None:
         """The loop returned: its last checkpoint goes to storage before the run ends, whatever the cadence."""
-        part = session.unpersisted()
+        part = session.unstored()
         if part is not None:
             self._persister.submit(part)
         timeout = self._spec.elastic.persist_flush_timeout_s
@@ -350,7 +350,7 @@ class TrainWorker:
         # background when no round trip decided the storing (session.py).
         self._reports.flush(self._spec.elastic.persist_flush_timeout_s)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
-        ray.get(self._supervisor.part_persisted.remote(self.worker_id, part.generation, part.index, facts, upload_s))
+        ray.get(self._supervisor.part_stored.remote(self.worker_id, part.generation, part.index, facts, upload_s))
 
     def _upload_given_up(self, part: PartUpload, error: Exception) -> None:
         self._supervisor.persist_given_up.remote(self.worker_id, part.generation, part.index, str(error))

@@ -38,7 +38,7 @@ def take(checkpoint: Checkpoint, plan: ReportPlan, storage: RunStorage, index: i
     if upload_fn is not None:  # the user's upload, into the run's folder; then registered as stored
         dir_name = dir_name or checkpoint_dirname(index, generation)
         checkpoint = upload_fn(checkpoint, dir_name)
-    if plan.carries is Carries.REGISTERED:
+    if plan.carries is Carries.LOOP_STORED:
         dir_name = storage.name_of(checkpoint.path)
         check_named_folder(dir_name, index, generation)
         return Taken(dir_name)

@@ -19,7 +19,7 @@ class Carries(str, enum.Enum):
     FILES = "files"  # the checkpoint's files, read at the report
     LIVE = "live"  # a dict checkpoint held as its live tensors (live_part.py)
     KEPT = "kept"  # no checkpoint: the state kept live for recovery (kept_state.py), never stored
-    REGISTERED = "registered"  # NO_UPLOAD: a checkpoint the loop stored itself, named by its folder
+    LOOP_STORED = "loop_stored"  # NO_UPLOAD: a checkpoint the loop stored itself, named by its folder
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ReportPlan:
 
     @property
     def checkpoint(self) -> bool:
-        return self.carries in (Carries.FILES, Carries.LIVE, Carries.REGISTERED)
+        return self.carries in (Carries.FILES, Carries.LIVE, Carries.LOOP_STORED)
 
     @property
     def part(self) -> bool:
@@ -65,7 +65,7 @@ def plan_report(*, checkpoint: bool, in_memory: bool, mode: CheckpointUploadMode
     if not checkpoint:
         carries = Carries.KEPT if keeps_state else Carries.NOTHING
     elif mode is CheckpointUploadMode.NO_UPLOAD:
-        carries = Carries.REGISTERED
+        carries = Carries.LOOP_STORED
     elif in_memory and mode is CheckpointUploadMode.ASYNC:
         carries = Carries.LIVE
     else:
@@ -87,7 +87,7 @@ class AfterBarrier:
     store: bool | None  # the report's `store` as sent in a batch
     stores_live: bool  # sent in a batch, every rank's live part due: the cadence starts again
     uploads_live: bool  # ... and this rank (rank 0) stores its part now
-    keeps_unpersisted: bool  # sent in a batch, not stored: this rank stores its live part if the loop ends here
+    keeps_unstored: bool  # sent in a batch, not stored: this rank stores its live part if the loop ends here
     unwind: bool  # leave the loop after this report (or after the supervisor's reply asks it)
 
 
@@ -108,7 +108,7 @@ def after_barrier(plan: ReportPlan, agreed: Agreed, *, previous: Agreed | None, 
         store=agreed.store_live if plan.carries is Carries.LIVE else plan.store,
         stores_live=stores_live,
         uploads_live=stores_live and rank == 0,
-        keeps_unpersisted=batched and not stores_live and plan.carries is Carries.LIVE
+        keeps_unstored=batched and not stores_live and plan.carries is Carries.LIVE
         and (rank == 0 or not agreed.every_part),
         unwind=together and agreed.unwind,
     )

@@ -100,7 +100,7 @@ class TrainSession:
         facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
         held = HeldCheckpoint(self.index, generation, rank, names, loader_states) if names is not None else None
         report = Report(generation, self.index, dict(metrics), names, loader_states, dir_name,
-                        plan.carries is Carries.REGISTERED, plan.sync, pace, plan.store)
+                        plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
         made = Made(report, held, live, self._lockstep.stepped())
         previous, pipelined = self._lockstep.confirm(made), pipelines()
         if plan.goes_on(self._host.unwind_due(self.index), previous, pipelined):
@@ -127,7 +127,7 @@ class TrainSession:
                                                     replaceable=self._setup.checkpointing.replaceable))
             elif plan.carries is Carries.LIVE:  # stored if the loop ends here: by rank 0 alone if every rank holds it
                 self._storing.skipped(PartUpload(generation, self.index, {}, dir_name=dir_name)
-                                      if after.keeps_unpersisted else None, live)
+                                      if after.keeps_unstored else None, live)
             if after.unwind:
                 raise GenerationEnded()
             return
@@ -149,9 +149,9 @@ class TrainSession:
         """A report whose barrier failed, whose live part still counts (lockstep.py)."""
         return self._lockstep.unagreed
 
-    def unpersisted(self) -> PartUpload | None:
+    def unstored(self) -> PartUpload | None:
         """The newest reported part the cadence skipped, to store as the loop returned (storing.py)."""
-        return self._storing.unpersisted()
+        return self._storing.unstored()
 
     def preemption_info(self) -> PreemptionInfo | None:
         """The same answer on every rank (see supervisor/notices.py)."""

@@ -31,7 +31,7 @@ class PartStoring:
         self._setup, self._host = setup, host
         self._generation = setup.context.assignment.generation
         self._live_reports, self._live_stored_at = 0, time.monotonic()  # live parts reported since one was stored
-        self._unpersisted: tuple[PartUpload, LivePart | None] | None = None  # the newest part the cadence skipped
+        self._unstored: tuple[PartUpload, LivePart | None] | None = None  # the newest part the cadence skipped
 
     def live_due(self) -> bool:
         """Is a live part reported now due to be stored (the cadence, counting it)?"""
@@ -42,11 +42,11 @@ class PartStoring:
 
     def live_stored(self) -> None:
         """Every rank's live part was due: rank 0's is stored, the cadence starts again."""
-        self._live_reports, self._live_stored_at, self._unpersisted = 0, time.monotonic(), None
+        self._live_reports, self._live_stored_at, self._unstored = 0, time.monotonic(), None
 
     def skipped(self, part: PartUpload | None, live: LivePart | None = None) -> None:
         """`part` (None: nothing of this rank's) is the newest the cadence skipped; `live` gives its files."""
-        self._unpersisted = None if part is None else (part, live)
+        self._unstored = None if part is None else (part, live)
 
     def apply_reply(self, index: int, reply_ref: Any, held: HeldCheckpoint | None, files: dict[str, bytes] | None,
                facts: Future[dict[str, dict[str, Any]]] | None, live: LivePart | None, replicate: bool) -> bool:
@@ -57,15 +57,15 @@ class PartStoring:
             raise GenerationEnded()
         if reply.list_stored:  # a checkpoint the loop stored itself: listed here, then committed
             facts = self._setup.context.storage.stored_facts(reply.dir_name)
-            ray.get(self._host.supervisor.part_persisted.remote(self._setup.worker_id, self._generation, index, facts))
+            ray.get(self._host.supervisor.part_stored.remote(self._setup.worker_id, self._generation, index, facts))
         if held is not None and (files is not None or live is not None):
-            if reply.persist and live is not None:
+            if reply.store and live is not None:
                 files, facts = self.copy_live(held, live, replicate)
                 self.live_stored()
             part = PartUpload(self._generation, index, files or {}, replaceable=reply.replaceable,
                               dir_name=reply.dir_name, facts=facts)
-            self._unpersisted = None if reply.persist else (part, live)
-            if reply.upload:
+            self._unstored = None if reply.store else (part, live)
+            if reply.store_part:
                 self.upload(part)
         return reply.unwind
 
@@ -91,12 +91,12 @@ class PartStoring:
         if waited > UPLOAD_WAIT_NOTED_S:
             self._host.supervisor.upload_waited.remote(self._setup.worker_id, part.index, waited)
 
-    def unpersisted(self) -> PartUpload | None:
+    def unstored(self) -> PartUpload | None:
         """The newest reported part, when the cadence skipped it (the loop returned: it is stored now);
         None if there is none, or a live one was written to since its report."""
-        if self._unpersisted is None:
+        if self._unstored is None:
             return None
-        part, live = self._unpersisted
+        part, live = self._unstored
         if live is not None:
             files = live.files()
             if files is None:
