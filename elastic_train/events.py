@@ -1,7 +1,7 @@
 """The run's events, typed: one frozen dataclass per kind.
 
-The supervisor records these; its observers (the event log, the exported metrics, the driver's
-feed) receive them as values. On the wire and in `events.jsonl` an event is a flat dict — its
+The supervisor records these; its observers (the event log, which the driver's feed reads, and the
+exported metrics) receive them as values. On the wire and in `events.jsonl` an event is a flat dict — its
 `kind`, its fields, and the time it was recorded (`t` since the run began, `time` since the epoch) —
 and readers get the typed value back with `Kind.of(entry)` instead of taking the dict apart.
 """
@@ -45,7 +45,7 @@ class Event:
 
 
 class EventObserver(Protocol):
-    """What hears every event the supervisor records (the event log, metrics, the feed)."""
+    """What hears every event the supervisor records (the event log, the exported metrics)."""
 
     def on_event(self, event: Event, entry: dict[str, Any], now: float) -> None:
         """`event` was recorded as `entry`, at monotonic time `now`."""

@@ -165,10 +165,7 @@ class Supervisor:
     async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""
         await self._controller.adopted.wait()
-        entry = self._controller.ledger.entries.get(index)
-        if entry is not None and entry.generation == generation:
-            entry.given_up = True
-            self._controller.settle(generation, index, None)
+        self._controller.commits.part_given_up(generation, index)
         self._controller.telemetry.record(PersistGivenUp(worker_id, index, reason))
 
     async def storage_failed(self, worker_id: int, message: str) -> None:

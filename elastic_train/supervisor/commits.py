@@ -107,6 +107,13 @@ class Commits:
         if entry is not None:
             self.commit_if_ready(index, entry)
 
+    def part_given_up(self, generation: int, index: int) -> None:
+        """A worker could not store its part of checkpoint `index` of `generation`: it never commits."""
+        entry = self._ledger.entries.get(index)
+        if entry is not None and entry.generation == generation:
+            entry.given_up = True
+            self._host.settle(generation, index, None)
+
     def commit_if_ready(self, index: int, entry: ReportEntry) -> None:
         """Commit checkpoint `index` once it is whole and stored: at its last part's storing, or at its
         last report, which may come after (a dict checkpoint every rank holds is stored by rank 0

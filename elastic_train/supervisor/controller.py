@@ -35,7 +35,7 @@ from elastic_train.supervisor.membership import (LostCause, WorkerRecord, Worker
 from elastic_train.supervisor.metrics import RunMetrics
 from elastic_train.supervisor.preemption import LEFT, Preemption
 from elastic_train.supervisor.reports import Reports
-from elastic_train.supervisor.roster import Roster, release
+from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.supervisor.tasks import Tasks
 from elastic_train.supervisor.telemetry import Telemetry
@@ -101,6 +101,9 @@ class Controller:
     def is_member(self, w: WorkerRecord) -> bool:
         return w.generation == self._generation and w.rank >= 0
 
+    def _going(self) -> bool:
+        return not self._state.terminal
+
     def over(self, generation: int) -> bool:
         """Has `generation` ended (its members are to leave it)?"""
         return generation != self._generation or not self._state.training
@@ -125,10 +128,10 @@ class Controller:
         else:
             self.telemetry.record(RunStarted(self._expected_initial))
         self.adopted.set()
-        periodic = [Tasks.every(self._elastic.event_log_interval_s, self._write_events),
-                    Tasks.every(self._elastic.metrics_interval_s, self._sample_metrics)]
+        periodic = [Tasks.every(self._elastic.event_log_interval_s, self._write_events, self._going),
+                    Tasks.every(self._elastic.metrics_interval_s, self._sample_metrics, self._going)]
         if self._elastic.watch_ray_drains:
-            periodic.append(Tasks.every(self._elastic.preemption_poll_interval_s, self._check_ray_drains))
+            periodic.append(Tasks.every(self._elastic.preemption_poll_interval_s, self._check_ray_drains, self._going))
         self.roster.top_up()
         while not self._state.terminal:
             try:
@@ -329,7 +332,7 @@ class Controller:
             if self.is_member(w) and outcome.generation == self._generation:
                 self.roster.ended_with(w, outcome)  # what it raised belongs to the failure that ended the run
                 self.telemetry.news()  # the run's end waits for it
-            return await self.ending.stop(self._state)
+            return await self.ending.stop()
         if w.status is WorkerStatus.LOST:
             if w.actor is None:
                 return Stop("this worker was declared dead")
@@ -362,7 +365,7 @@ class Controller:
             self._transition(RunState.RESIZING, reason=f"worker {w.worker_id} preempted",
                              at="the report after get_preemption_info()" if asks else "the next report")
         elif not self.is_member(w):
-            release(w, Stop(LEFT))  # a standby: nothing to hand over
+            self.roster.release(w, Stop(LEFT))  # a standby: nothing to hand over
         self.roster.top_up()
         self.wake.set()
 

@@ -34,10 +34,10 @@ class Ending:
         self.flush: ResumePlan | None = None  # what the workers store before they stop
         self.decided = asyncio.Event()  # `flush` is chosen: no report is recorded after it
 
-    async def stop(self, state: RunState) -> Stop:
+    async def stop(self) -> Stop:
         """A worker that parks once the run is over waits here for its Stop."""
         await self.decided.wait()
-        return self._stop(state)
+        return Stop("run is over", flush=self.flush)
 
     def _stop(self, state: RunState) -> Stop:
         return Stop("run finished" if state is RunState.FINISHED else "run failed", flush=self.flush)

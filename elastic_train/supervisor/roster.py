@@ -28,7 +28,7 @@ from elastic_train.worker.nccl_env import nccl_env
 logger = logging.getLogger(__name__)
 
 
-def release(worker: WorkerRecord, place: Assignment | Stop) -> None:
+def _answer(worker: WorkerRecord, place: Assignment | Stop) -> None:
     """Answer a parked worker's wait: its next place, or the end of its run."""
     if worker.waiting is not None and not worker.waiting.done():
         worker.waiting.set_result(place)
@@ -162,7 +162,7 @@ class Roster:
         """The run is over: release every parked worker with `stop`; kill those still pending or lost
         (`now`: every one still there: detached actors, nothing else would end them)."""
         for w in self.records.values():
-            release(w, stop)
+            _answer(w, stop)
             if w.actor is not None and (now or w.status in (WorkerStatus.PENDING, WorkerStatus.LOST)):
                 ray.kill(w.actor)
 
@@ -189,6 +189,10 @@ class Roster:
         to the failure that ended the run."""
         w.outcome = outcome
 
+    def release(self, w: WorkerRecord, place: Assignment | Stop) -> None:
+        """Answer the parked worker's wait."""
+        _answer(w, place)
+
     def unranked(self, w: WorkerRecord) -> None:
         """A standby beyond the maximum: not a member of the current generation."""
         w.rank = -1
@@ -214,7 +218,7 @@ class Roster:
         """The parked worker is a member of a new generation from report `index` on."""
         w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, assignment.generation, assignment.rank, None
         w.last_report = (index, time.monotonic())
-        release(w, assignment)
+        _answer(w, assignment)
 
     def holds_copy(self, w: WorkerRecord, generation: int, index: int) -> None:
         """The parked worker took a copy of checkpoint `index` of `generation` into its memory."""
@@ -228,7 +232,7 @@ class Roster:
 
     def left(self, w: WorkerRecord, stop: Stop) -> None:
         """A worker under a preemption notice leaves the run (out of an ended generation)."""
-        release(w, stop)
+        _answer(w, stop)
         self._telemetry.record(WorkerLeft(w.worker_id, w.pid, w.rank, w.node_id, w.generation,
                                           LostCause.PREEMPTED.value))
         w.status, w.lost_reason, w.rank = WorkerStatus.LOST, stop.reason, -1

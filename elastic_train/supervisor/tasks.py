@@ -26,10 +26,10 @@ class Tasks:
             await asyncio.wait(set(self._running), timeout=deadline - time.monotonic())
 
     @staticmethod
-    def every(interval_s: float, work: Callable[[], Awaitable[Any]]) -> asyncio.Future:
-        """Await `work()` every `interval_s` until cancelled; not tracked (`wait` does not wait for it)."""
+    def every(interval_s: float, work: Callable[[], Awaitable[Any]], go_on: Callable[[], bool]) -> asyncio.Future:
+        """Await `work()` every `interval_s` while `go_on()`; not tracked (`wait` does not wait for its sleep)."""
         async def loop() -> None:
-            while True:
+            while go_on():
                 await work()
                 await asyncio.sleep(interval_s)
         return asyncio.ensure_future(loop())
