@@ -172,8 +172,13 @@ def test_ray_job_submit_on_a_ray_start_cluster_survives_a_lost_worker_node(tmp_p
             [str(BIN / "ray"), "job", "submit", f"--address={dashboard}", "--working-dir", str(tmp_path / "job"),
              "--", "python", "train.py", str(storage), str(log_dir)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        training = wait_for(lambda: [p for p in _progress(log_dir) if p["step"] >= 5 and p["world"] == 2], 120,
-                            "both workers training")
+        def both_training() -> list[dict]:
+            """Each rank's progress at step 5 or later in a world of 2, once both ranks have some (they
+            log their steps separately: rank 0's alone may be there first)."""
+            seen = [p for p in _progress(log_dir) if p["step"] >= 5 and p["world"] == 2]
+            return seen if {p["rank"] for p in seen} == {0, 1} else []
+
+        training = wait_for(both_training, 120, "both workers training")
 
         # From another process: the live run, every worker.
         status = subprocess.run([str(BIN / "elastic-train"), "status", "cli-run", "--address", address],
