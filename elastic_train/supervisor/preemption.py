@@ -47,7 +47,7 @@ class Preemption:
     def leaving(self) -> list[notices.Leaving]:
         """The members of the current generation under a notice."""
         return [notices.Leaving(w.rank, w.node_id, self.notices.deadlines.get(w.worker_id))
-                for w in self._members() if w.leaving]
+                for w in self._run.members() if w.leaving]
 
     async def info(self, w: WorkerRecord | None, generation: int, call: int, index: int) -> tuple[bool, Any]:
         """`get_preemption_info()` call number `call` of a member, made after report `index`: every
@@ -58,7 +58,7 @@ class Preemption:
             lambda _: notices.preemption_info(self.leaving()), self._elastic.preemption_info_timeout_s,
             f"get_preemption_info() call {call}", "preemption_info_timeout_s")
         if info is not None and self._run.state is RunState.RESIZING and self._reports.resize_at is None:
-            self._reports.unwind_after(index + 1, self._members(), self._run.generation)
+            self._reports.unwind_after(index + 1, self._run.members(), self._run.generation)
             self._telemetry.record(ResizeRequested(self._reports.resize_at, "the loop saw the preemption notice"))
         return accepted, info
 
@@ -68,16 +68,13 @@ class Preemption:
         leaving = [w for w in self._roster.with_status(WorkerStatus.PARKED) if w.leaving]
         if not leaving:
             return True
-        if self._handover is None and not any(m.status is WorkerStatus.TRAINING for m in self._members()):
+        if self._handover is None and not any(m.status is WorkerStatus.TRAINING for m in self._run.members()):
             self._handover = self._tasks.track(self._hand_over(leaving))
         return False
 
-    def _members(self) -> list[WorkerRecord]:
-        return [w for w in self._roster.records.values() if self._run.is_member(w)]
-
     async def _hand_over(self, leaving: list[WorkerRecord]) -> None:
         leaving_ids = {w.worker_id for w in leaving}
-        staying = [w for w in self._members() if w.status is WorkerStatus.PARKED and w.worker_id not in leaving_ids]
+        staying = [w for w in self._run.members() if w.status is WorkerStatus.PARKED and w.worker_id not in leaving_ids]
         holds = self._roster.holds()
         whole = self._ledger.resume_plan({w.worker_id for w in leaving + staying}, holds)
         kept = self._ledger.resume_plan({w.worker_id for w in staying}, holds)

@@ -154,7 +154,7 @@ class Reports:
     def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
         """Report `index`, which every member made, with each one's pace: flag stragglers and growing
         memory (pace.py), and export it."""
-        members = {w.worker_id: w for w in self._roster.records.values() if self._run.is_member(w)}
+        members = {w.worker_id: w for w in self._run.members()}
         self._exported.made(index, paces, members, time.monotonic())
         step_times = {worker: pace.step_s for worker, pace in paces.items()}
         rss = {worker: pace.rss for worker, pace in paces.items()}
@@ -198,7 +198,7 @@ class Reports:
         """Reports held back for a checkpoint that can no longer commit are let through without it
         (policy.hopeless says which)."""
         live = self._roster.live_ids()
-        members = {w.rank: w.worker_id for w in self._roster.records.values() if self._run.is_member(w)}
+        members = {w.rank: w.worker_id for w in self._run.members()}
         for generation, index in self.feed.awaiting():
             if policy.hopeless(self._ledger.entries.get(index), generation, current_generation=self._run.generation,
                                live=live, members=members, replaceable=self._cadence.replaceable):

@@ -73,3 +73,6 @@ class RunView(Protocol):
 
     def is_member(self, w: WorkerRecord) -> bool:
         """Is `w` a member of the current generation?"""
+
+    def members(self) -> list[WorkerRecord]:
+        """The current generation's members (in their loop, or parked out of it)."""

@@ -69,8 +69,8 @@ class CheckpointMemory:
         """The generation ended and its loop stopped writing: each live part still clean becomes its
         files (serialized once, for a peer or storage to read; their facts made with them), one no
         longer clean is dropped (the run resumes from an older checkpoint). A kept state stays as it
-        is: this worker resumes from its tensors (`live_state`), a newcomer receives them over the group, and they are serialized only
-        for a peer that asks over Ray (`find`)."""
+        is: this worker resumes from its tensors (`live_state`), a newcomer receives them over the
+        group, and they are serialized only for a peer that asks over Ray (`find`)."""
         with self._lock:
             live = [(k, held, p) for k, (held, p) in self._parts.items() if isinstance(p, LivePart)]
         for key, held, part in live:
