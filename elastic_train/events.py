@@ -85,7 +85,7 @@ class GenerationOpened(Event):
     world_size: int
     members: dict[int, dict[str, Any]]  # worker id -> its rank, pid and node
     resume_index: int | None = None  # None: from the start, or adopted by a restarted supervisor
-    resume_from: str | None = None  # "memory", "storage", or None
+    resume_from: str | None = None  # "in place" (the loops went on where they stood), "memory", "storage", or None
     adopted: bool = False
 
 

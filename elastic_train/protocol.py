@@ -21,6 +21,15 @@ class Exit(str, enum.Enum):
     USER_ERROR = "user_error"  # the user's code raised
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a survivor's loop stands when a collective of its step fails: after report `index`,
+    `steps` gradient reductions on. Survivors at one position may go on in place (worker/in_place.py)."""
+
+    index: int
+    steps: int
+
+
 @dataclass
 class Outcome:
     exit: Exit
@@ -32,6 +41,8 @@ class Outcome:
     # A report whose barrier failed after its step made a collective with every peer; this worker holds
     # its live dict part (worker/lockstep.py `_keep_unagreed`), which the next generation may resume from.
     unagreed: Report | None = None
+    # Still inside its loop, which goes on from here if the next generation re-forms in place.
+    in_place: Position | None = None
 
     @classmethod
     def user_error(cls, generation: int, exc: BaseException, detail: str, exit: Exit = Exit.USER_ERROR) -> "Outcome":
@@ -103,6 +114,9 @@ class Assignment:
     peers: dict[int, Any]  # worker id -> actor handle of the members (to fetch checkpoint files)
     buddy: Any = None  # the peer that keeps a replica of this worker's checkpoint parts (None: no replicas)
     max_world_size: int = 1  # ScalingConfig's max: the world size may change under the loop when > 1
+    # In place: the members' loops go on where they stand, and this is each one's rank in the previous
+    # generation, by its new rank. None: the loop is entered afresh and resumes from `resume`.
+    previous_ranks: tuple[int, ...] | None = None
 
 
 @dataclass

@@ -75,6 +75,13 @@ class ElasticConfig:
     """... by at least this much in all is flagged for growing memory (an event)."""
     control_tick_s: float = 0.25
     """The supervisor's state machine re-checks timers at least this often."""
+    recover_in_place: bool = True
+    """A peer lost during a step's gradient reduction does not unwind the loop: the survivors complete
+    the step among themselves and the loop goes on where it was (`torch/reduction.py`), on gloo, in a
+    loop that draws its data from `prepare_data_loader` and wraps its model with `prepare_model`.
+    `get_context()` then answers the new rank and world size: a loop that uses a rank or world size it
+    read before its loop (to scale its loss, to pick the rank that saves) needs False, which re-enters
+    the loop from its newest checkpoint at every recovery, as Ray Train does."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
     replicate_checkpoints: bool = True

@@ -21,7 +21,7 @@ from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig,
 from elastic_train.errors import StorageError
 from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,
                                   RunStarted, StateChanged, StopRequested)
-from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, Stop
+from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, ResumePlan, Stop
 from elastic_train.run_folder.events import EventLog
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor import notices, policy
@@ -304,16 +304,22 @@ class Controller:
                                self._elastic.replicate_checkpoints)
         records = {w.worker_id: w for w in candidates}
         chosen = [records[worker_id] for worker_id in plan.placements]
+        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
+                              and w.rank >= 0 else None for w in chosen])
+        previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
         self.reports.close(self._generation)
         self._generation += 1
         self._world_size = len(chosen)
-        resume = policy.resume_from(self.ledger.resume_plan({w.worker_id for w in chosen}, self.roster.holds()),
-                                    self.commits.newest)
+        if at is not None:  # the loops go on from their reports: nothing to load
+            resume: ResumePlan | None = ResumePlan(index=at.index, generation=self._generation - 1)
+        else:
+            resume = policy.resume_from(self.ledger.resume_plan({w.worker_id for w in chosen}, self.roster.holds()),
+                                        self.commits.newest)
         start = resume.index if resume else 0
         self.ledger.rewind(start)
         self.reports.open(start)
         self.cadence.forget_in_flight()
-        places = assignments(plan, candidates, self._generation, resume, self._scaling.max_workers)
+        places = assignments(plan, candidates, self._generation, resume, self._scaling.max_workers, previous_ranks)
         for w in chosen:
             self.roster.join(w, places[w.worker_id], start)
         for w in self.roster.with_status(WorkerStatus.PARKED):
@@ -322,7 +328,7 @@ class Controller:
             self._generation, len(chosen),
             {w.worker_id: {"rank": plan.placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
             resume_index=resume.index if resume else None,
-            resume_from="storage" if resume and resume.stored else ("memory" if resume else None)))
+            resume_from=_resumed_from(resume, at is not None)))
         self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen))
 
     # == what workers and the driver ask of the run ====================================================
@@ -408,3 +414,12 @@ class Controller:
         """Nodes that Ray drains are preemption notices for the workers on them."""
         for w, seconds_left in await self.preemption.drained():
             self.notice(w, "ray_drain", seconds_left)
+
+
+def _resumed_from(resume: ResumePlan | None, in_place: bool) -> str | None:
+    """Which path a generation's recovery took, for its event."""
+    if in_place:
+        return "in place"
+    if resume is None:
+        return None
+    return "storage" if resume.stored else "memory"

@@ -110,8 +110,9 @@ def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers
 
 
 def assignments(plan: GenerationPlan, candidates: list[WorkerRecord], generation: int, resume: ResumePlan | None,
-                max_workers: int) -> dict[int, Assignment]:
-    """Each member's place in generation `generation` of `plan`, resuming from `resume`."""
+                max_workers: int, previous_ranks: tuple[int, ...] | None = None) -> dict[int, Assignment]:
+    """Each member's place in generation `generation` of `plan`, resuming from `resume` (or going on in
+    place: `previous_ranks`, the members' ranks in the previous generation, in the plan's order)."""
     records = {w.worker_id: w for w in candidates}
     master = records[plan.master]
     peers = {worker_id: records[worker_id].actor for worker_id in plan.placements}
@@ -120,7 +121,7 @@ def assignments(plan: GenerationPlan, candidates: list[WorkerRecord], generation
         local_world_size=p.local_world_size, node_rank=p.node_rank, master_addr=master.ip,
         master_port=master.free_port, resume=resume, peers=peers,
         buddy=records[plan.buddies[worker_id]].actor if worker_id in plan.buddies else None,
-        max_world_size=max_workers) for worker_id, p in plan.placements.items()}
+        max_world_size=max_workers, previous_ranks=previous_ranks) for worker_id, p in plan.placements.items()}
 
 
 def raised(members: list[WorkerRecord]) -> dict[int, BaseException]:

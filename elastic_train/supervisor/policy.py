@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import Exit, ResumePlan
+from elastic_train.protocol import Exit, Position, ResumePlan
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 
 if TYPE_CHECKING:
@@ -197,6 +197,16 @@ def resume_from(in_memory: ResumePlan | None, stored: CommittedCheckpoint | None
     if stored is None or (in_memory is not None and in_memory.index >= stored.index):
         return in_memory
     return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
+
+
+def in_place(positions: list[Position | None]) -> Position | None:
+    """Where the next generation's members go on without leaving their loops: each member's position
+    (None: a newcomer, or a survivor that left its loop). Only when every member is a survivor that
+    parked inside its loop at one position: a newcomer has no state to go on from mid-step, and
+    survivors at different steps would reduce different steps' gradients together."""
+    if not positions or any(p is None for p in positions) or len(set(positions)) != 1:
+        return None
+    return positions[0]
 
 
 def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],

@@ -18,14 +18,34 @@ from elastic_train.torch.model import get_device
 from elastic_train.worker.session import get_session
 
 
+def share(chunk: list[int], rank: int, world_size: int) -> list[int]:
+    """Rank `rank`'s contiguous share of a global batch (the last one may be uneven; with fewer
+    samples than ranks, a rank without one repeats the last, so that every rank takes the step)."""
+    base, extra = divmod(len(chunk), world_size)
+    begin = rank * base + min(rank, extra)
+    mine = chunk[begin : begin + base + (1 if rank < extra else 0)]
+    return mine or chunk[-1:]
+
+
+def untrained(chunks: list[list[int]], lost: list[int], world_size: int) -> list[int]:
+    """The samples of `chunks` that only the `lost` ranks (of `world_size`) held: owed to the epoch."""
+    owed = []
+    for chunk in chunks:
+        kept = {i for rank in range(world_size) if rank not in lost for i in share(chunk, rank, world_size)}
+        owed.extend(i for i in chunk if i not in kept)
+    return owed
+
+
 class ElasticBatchSampler:
-    """Yields this rank's indices for each step of an epoch, from a global position on."""
+    """Yields this rank's indices for each step of an epoch: the samples owed to it first, then its
+    order from a global position on."""
 
     def __init__(self, size: int, global_batch: int, rank: int, world_size: int, shuffle: bool, seed: int,
                  drop_last: bool):
         self.size, self.global_batch, self.rank, self.world_size = size, global_batch, rank, world_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch, self.start = 0, 0
+        self.owed: list[int] = []  # samples a lost rank drew but did not train, before `start`
 
     def order(self) -> list[int]:
         if not self.shuffle:
@@ -33,25 +53,18 @@ class ElasticBatchSampler:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.size, generator=generator).tolist()
 
-    def chunks(self, start: int) -> Iterator[list[int]]:
-        """The global batches of the epoch from `start` on."""
-        order = self.order()
-        for begin in range(start, self.size, self.global_batch):
-            chunk = order[begin : begin + self.global_batch]
+    def chunks(self) -> Iterator[list[int]]:
+        """The global batches of the rest of the epoch."""
+        rest = self.owed + self.order()[self.start:]
+        for begin in range(0, len(rest), self.global_batch):
+            chunk = rest[begin : begin + self.global_batch]
             if self.drop_last and len(chunk) < self.global_batch:
                 return
             yield chunk
 
-    def share(self, chunk: list[int]) -> list[int]:
-        """This rank's contiguous share of a global batch (the last one may be uneven)."""
-        base, extra = divmod(len(chunk), self.world_size)
-        begin = self.rank * base + min(self.rank, extra)
-        mine = chunk[begin : begin + base + (1 if self.rank < extra else 0)]
-        return mine or chunk[-1:]  # fewer samples than ranks: every rank still takes a step
-
     def __iter__(self) -> Iterator[list[int]]:
-        for chunk in self.chunks(self.start):
-            yield self.share(chunk)
+        for chunk in self.chunks():
+            yield share(chunk, self.rank, self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Accepted for loops written for `DistributedSampler` (Ray Train's guides call
@@ -65,15 +78,20 @@ class ElasticBatchSampler:
 
 
 class ElasticDataLoader:
-    """Iterates like the user's DataLoader; one `iter()` is one epoch. Tracks its global position."""
+    """Iterates like the user's DataLoader; one `iter()` is one epoch. Tracks its global position,
+    and re-shards the rest of the epoch when the loop goes on in place in a new group."""
 
-    def __init__(self, loader: DataLoader, sampler: ElasticBatchSampler, move_to_device: bool):
+    def __init__(self, loader: DataLoader, sampler: ElasticBatchSampler, move_to_device: bool,
+                 per_rank_batch: int | None):
         self._loader = loader
         self.batch_sampler = sampler
         self.dataset = loader.dataset
         self._move = move_to_device
-        self._epoch, self._position = 0, 0
+        self._per_rank_batch = per_rank_batch  # None: the global batch is fixed (`global_batch_size`)
+        self._epoch, self._position, self._owed = 0, 0, []
         self._started = False
+        self._drawn: list[list[int]] = []  # global batches drawn since the step's gradients were last reduced
+        self._reshard = False
 
     @property
     def sampler(self) -> ElasticBatchSampler:
@@ -87,27 +105,57 @@ class ElasticDataLoader:
 
     def resume_from(self, state: dict[str, Any] | None) -> None:
         if state:
-            self._epoch, self._position = state["epoch"], state["position"]
+            self._epoch, self._position, self._owed = state["epoch"], state["position"], list(state.get("owed", []))
 
     def loader_state(self) -> dict[str, Any]:
-        if self._position >= self.batch_sampler.size:
+        if self._position >= self.batch_sampler.size and not self._owed:
             return {"epoch": self._epoch + 1, "position": 0}
-        return {"epoch": self._epoch, "position": self._position}
+        state: dict[str, Any] = {"epoch": self._epoch, "position": self._position}
+        if self._owed:
+            state["owed"] = list(self._owed)
+        return state
+
+    def reduced(self) -> None:
+        self._drawn.clear()
+
+    def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
+        """Go on as `rank` of `world_size`: the samples of the batches drawn since the last reduction
+        that only the `lost` ranks held come first in the rest of the epoch."""
+        self._owed = untrained(self._drawn, lost, old_world_size) + self._owed
+        self._drawn.clear()
+        self.batch_sampler.rank, self.batch_sampler.world_size = rank, world_size
+        if self._per_rank_batch is not None:
+            self.batch_sampler.global_batch = self._per_rank_batch * world_size
+        self._reshard = True
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
         if self._started:
-            self._epoch, self._position = self._epoch + 1, 0
+            self._epoch, self._position, self._owed = self._epoch + 1, 0, []
         self._started = True
-        self.batch_sampler.epoch, self.batch_sampler.start = self._epoch, self._position
-        sizes = [len(c) for c in self.batch_sampler.chunks(self._position)]
+        self._drawn.clear()
         device = get_device()
-        for step, batch in enumerate(self._loader):
-            self._position += sizes[step]
-            yield _to_device(batch, device) if self._move else batch
-        self._position = self.batch_sampler.size
+        resharded = True
+        while resharded:  # once, and again from where it stands each time the loop went on in a new group
+            sampler = self.batch_sampler
+            sampler.epoch, sampler.start, sampler.owed = self._epoch, self._position, list(self._owed)
+            self._reshard = resharded = False
+            for chunk, batch in zip(list(sampler.chunks()), self._loader):
+                self._draw(chunk)
+                yield _to_device(batch, device) if self._move else batch
+                if self._reshard:
+                    resharded = True
+                    break
+        self._position, self._owed = self.batch_sampler.size, []
+
+    def _draw(self, chunk: list[int]) -> None:
+        """A global batch was drawn: the owed samples first, then the order's."""
+        taken = min(len(chunk), len(self._owed))
+        self._owed = self._owed[taken:]
+        self._position += len(chunk) - taken
+        self._drawn.append(chunk)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -162,9 +210,9 @@ def prepare_data_loader(
         worker_init_fn=data_loader.worker_init_fn,
         persistent_workers=data_loader.persistent_workers,
     )
-    wrapped = ElasticDataLoader(inner, sampler, move_to_device)
+    wrapped = ElasticDataLoader(inner, sampler, move_to_device, None if global_batch_size else data_loader.batch_size)
     wrapped.resume_from(session.register_loader(wrapped))
     return wrapped
 
 
-__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader"]
+__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader", "share", "untrained"]

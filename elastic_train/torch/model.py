@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
 
 T = TypeVar("T")
@@ -56,6 +57,11 @@ def prepare_model(
     size 1; so does this in a run of one worker. In an elastic run the world can shrink to 1 under a
     running loop, so the model is wrapped at every size: `model.module` works in every generation.
 
+    Ours, on gloo: a peer lost during the step's gradient reduction does not unwind a loop that
+    draws its data from `prepare_data_loader`. The survivors complete the step among themselves and
+    the loop goes on where it was (torch/reduction.py); `get_context()` then answers the new rank and
+    world size, so read them where they are used (as Ray Train's guides do), not once before the loop.
+
     `live_state=True` (ours): the run keeps the model's state, and that of the optimizers stepping
     its parameters, live in memory, so a loop that reports no checkpoint loses no step to a lost peer:
     each `report()` holds them by reference, and after a recovery the model is loaded here (each
@@ -75,7 +81,11 @@ def prepare_model(
     kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
-    return DistributedDataParallel(model, **kwargs)
+    wrapped = DistributedDataParallel(model, **kwargs)
+    session = current_session()
+    if session is not None and session.recovers_in_place and dist.get_backend() == "gloo":  # (torch/reduction.py)
+        StepReduction(session, wrapped).register()
+    return wrapped
 
 
 def keep_state(obj: T) -> T:

@@ -21,7 +21,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Report, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Position, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
@@ -85,6 +85,7 @@ class TrainWorker:
         self._assignment: Assignment | None = None  # the last generation's place
         self._place: Place | None = None  # (rank, world size) in the last generation whose loop ran here
         self._session: TrainSession | None = None  # the last generation's session
+        self._next: Assignment | Stop | None = None  # given while parked inside the loop, which then unwound
         self._stopped = threading.Event()
         self._ended = threading.Event()
         self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed,
@@ -207,17 +208,16 @@ class TrainWorker:
         outcome = Outcome(Exit.JOINED)
         try:
             while True:
-                try:
-                    place = ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
-                except ray.exceptions.RayActorError:
-                    self._on_supervisor_gone()
-                    return "the supervisor is gone"
+                place, self._next = self._next, None
+                if place is None:  # else the place was given while parked inside the loop
+                    place = self._park(outcome)
+                    if place is None:
+                        return "the supervisor is gone"
                 if isinstance(place, Stop):
                     logger.info("worker %d stops: %s", self.worker_id, place.reason)
                     self._flush_on_stop(place)
                     return place.reason
                 outcome = self._run_generation(place)
-                outcome.held = self._memory.holdings() + self._replicas.holdings()
         finally:
             heartbeat.stop()
             self._notices.stop()
@@ -226,32 +226,89 @@ class TrainWorker:
             self._reports.close()
             self._stopped.set()
 
-    def _run_generation(self, assignment: Assignment) -> Outcome:
-        generation = assignment.generation
+    def _park(self, outcome: Outcome) -> Assignment | Stop | None:
+        """Wait at the supervisor for the next place, with what this worker holds; None if the supervisor is gone."""
+        outcome.held = self._memory.holdings() + self._replicas.holdings()
+        try:
+            return ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
+        except ray.exceptions.RayActorError:
+            self._on_supervisor_gone()
+            return None
+
+    def _enter(self, assignment: Assignment) -> None:
+        """Join `assignment`'s group as this process's default one (raises if a peer vanished during
+        the rendezvous, or the generation ended), and reset what torch holds of the previous world."""
         self._ended.clear()
-        self._generation, self._assignment = generation, assignment
+        self._generation, self._assignment = assignment.generation, assignment
         try:
             self._group.join(assignment)
-        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous, or the generation ended
+        except Exception:
             self._generation = None
             self._group.leave()
-            return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
-                           traceback.format_exc())
+            raise
         place = (assignment.rank, assignment.world_size)
         reset_for_generation(self._place, place)  # torch's caches of the previous world (process_state.py)
         self._place = place
+
+    def _leave(self, generation: int) -> None:
+        """Leave `generation`'s group; its reports are recorded before this worker parks."""
+        self._generation = None
+        self._group.leave()
+        if not self._reports.flush(self._spec.elastic.drain_timeout_s):
+            logger.warning("worker %d: reports of generation %d not received by the supervisor within "
+                           "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
+
+    def _reform(self, position: Position) -> Assignment | None:
+        """`SessionHost.reform`: park from inside the loop; join the next generation's group when its
+        loops go on in place, else keep its place for `run` once the loop unwound."""
+        generation = self._assignment.generation
+        self._leave(generation)
+        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
+        place = self._park(Outcome(Exit.UNWOUND, generation, in_place=position))
+        if not isinstance(place, Assignment) or place.previous_ranks is None:
+            self._next = place if place is not None else Stop("the supervisor is gone")
+            return None
+        self._enter(place)
+        logger.info("worker %d goes on in place in generation %d as rank %d/%d", self.worker_id, place.generation,
+                    place.rank, place.world_size)
+        return place
+
+    def _run_generation(self, assignment: Assignment) -> Outcome:
+        generation = assignment.generation
+        try:
+            self._enter(assignment)
+        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous, or the generation ended
+            return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
+                           traceback.format_exc())
         # Chosen to be stored, but its report's barrier failed before any rank stored it: its holders store it now.
         resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
         if resumed is not None:
             self._persister.submit(resumed)
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
-                                            self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint),
-                               _Host(self, generation))
+                                            self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
+                                            self._spec.elastic.recover_in_place),
+                               _Host(self))
         set_session(session)
         self._session = session
         logger.info("worker %d runs generation %d as rank %d/%d", self.worker_id, generation,
                     assignment.rank, assignment.world_size)
+        try:
+            outcome = self._run_loop(session)
+        finally:
+            set_session(None)
+            session.close()
+            if self._generation is not None:  # else left already: parked inside the loop, which then unwound
+                self._leave(self._generation)
+        generation = session.context.assignment.generation  # a loop that went on in place is in a later one
+        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
+        if session.unagreed is not None and (generation, session.unagreed.index) in self._memory.keys():
+            outcome.unagreed = session.unagreed
+        logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
+        return outcome
+
+    def _run_loop(self, session: TrainSession) -> Outcome:
+        """Run the user's loop in `session`: what ended it, in the generation it was in by then."""
         try:
             if self._spec.chdir:
                 os.chdir(session.context.working_dir())
@@ -261,32 +318,20 @@ class TrainWorker:
                 returned = self._spec.train_fn(self._spec.train_config)
             session.finish()
             self._flush_last_checkpoint(session)
-            outcome = Outcome.finished(generation, returned if assignment.rank == 0 else None)
+            place = session.context.assignment
+            return Outcome.finished(place.generation, returned if place.rank == 0 else None)
         except PeerLost:
-            outcome = Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
-                              traceback.format_exc())
+            return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR,
+                           session.context.assignment.generation, traceback.format_exc())
         except GenerationEnded:
-            outcome = Outcome(Exit.UNWOUND, generation)
+            return Outcome(Exit.UNWOUND, session.context.assignment.generation)
         except Exception as exc:  # noqa: BLE001 - classified below, reported to the supervisor
-            detail = traceback.format_exc()
+            detail, generation = traceback.format_exc(), session.context.assignment.generation
             ended = self._ended.is_set() or self._group.aborted
             if _is_collective_error(exc):
-                outcome = Outcome(Exit.UNWOUND if ended else Exit.COLLECTIVE_ERROR, generation, detail)
-            else:  # after the generation ended it unwound; what it raised may still explain a failure
-                outcome = Outcome.user_error(generation, exc, detail, Exit.UNWOUND if ended else Exit.USER_ERROR)
-        finally:
-            set_session(None)
-            session.close()
-            self._generation = None
-            self._group.leave()
-            if not self._reports.flush(self._spec.elastic.drain_timeout_s):  # recorded before this worker parks
-                logger.warning("worker %d: reports of generation %d not received by the supervisor within "
-                               "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
-        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
-        if session.unagreed is not None and (generation, session.unagreed.index) in self._memory.keys():
-            outcome.unagreed = session.unagreed
-        logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
-        return outcome
+                return Outcome(Exit.UNWOUND if ended else Exit.COLLECTIVE_ERROR, generation, detail)
+            # after the generation ended it unwound; what it raised may still explain a failure
+            return Outcome.user_error(generation, exc, detail, Exit.UNWOUND if ended else Exit.USER_ERROR)
 
     def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
               facts: Future[dict[str, dict[str, Any]]] | None) -> None:
@@ -360,23 +405,24 @@ class TrainWorker:
 
 
 class _Host:
-    """A worker's services to its session of `generation` (host.py `SessionHost`)."""
+    """A worker's services to its session (host.py `SessionHost`), in the generation the worker is in."""
 
-    def __init__(self, worker: TrainWorker, generation: int):
-        self._worker, self._generation = worker, generation
+    def __init__(self, worker: TrainWorker):
+        self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._memory.live_state
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
         self.generation_ended = worker._ended.is_set
+        self.reform = worker._reform
 
     def store(self, part: PartUpload) -> float | None:
         return self._worker._persister.submit(part, cancelled=self._worker._ended.is_set)
 
     def unwind_due(self, index: int) -> bool:
-        return self._worker._unwind_due(self._generation, index)
+        return self._worker._unwind_due(self._worker._assignment.generation, index)
 
     def unwind_at(self, index: int) -> None:
-        self._worker.unwind_at(self._generation, index)
+        self._worker.unwind_at(self._worker._assignment.generation, index)
 
 
 _COLLECTIVE_MESSAGES = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "nccl")

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig
-from elastic_train.protocol import HeldCheckpoint, Report
+from elastic_train.protocol import Assignment, HeldCheckpoint, Position, Report
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.memory import Part
 from elastic_train.worker.persister import PartUpload
@@ -29,6 +29,7 @@ class SessionSetup:
     checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
     settle_timeout_s: float  # how long SYNC / NO_UPLOAD reports wait for their commit
     initial_checkpoint: Checkpoint | None = None  # resume_from_checkpoint: while the run has none of its own
+    recover_in_place: bool = False  # ElasticConfig.recover_in_place
 
 
 class SessionHost(Protocol):
@@ -63,3 +64,8 @@ class SessionHost(Protocol):
 
     def unwind_at(self, index: int) -> None:
         """Leave the loop at report `index` (or the first after)."""
+
+    def reform(self, position: Position) -> Assignment | None:
+        """A collective of the loop's step failed: park at the supervisor from inside the loop, which
+        stands at `position`. Returns the next generation's place, its group joined, when the loop goes
+        on in place; None when it must unwind (the worker then runs the place it was given)."""

@@ -119,6 +119,22 @@ class Lockstep:
         self._agreed, self._collectives_seen = agreed, collectives_done()
         return agreed
 
+    def passed_so_far(self) -> bool:
+        """Before going on in place: did the barrier of a report that went on before it passed pass? Then
+        every survivor made that report alike (it is sent by then); else the loop must be entered afresh."""
+        pending = self._pending
+        if pending is None:
+            return True
+        try:
+            pending.agreement.result()
+        except Exception:  # noqa: BLE001 - a failed collective: some rank may not have made the report
+            return False
+        return True
+
+    def reformed(self, world_size: int) -> None:
+        """The loop goes on in place in a group of `world_size`: the barriers from here on are its."""
+        self._world_size, self._collectives_seen = world_size, collectives_done()
+
     def go_on(self, made: Made) -> None:
         """A plain report leaves before its barrier passed: the next report (or the loop's end) awaits it."""
         self._check_ended(made)

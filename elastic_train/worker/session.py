@@ -20,7 +20,7 @@ from elastic_train.checkpoint.checkpoint import Checkpoint, needs_replica
 from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.errors import GenerationEnded, PeerLost
-from elastic_train.protocol import HeldCheckpoint, Pace, PreemptionInfo, Report
+from elastic_train.protocol import HeldCheckpoint, Pace, Position, PreemptionInfo, Report
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.host import SessionHost, SessionSetup
 from elastic_train.worker.intake import take
@@ -37,7 +37,16 @@ logger = logging.getLogger(__name__)
 
 
 class StatefulLoader(Protocol):
+    """A prepared data loader (torch/data.py), as the session drives it."""
+
     def loader_state(self) -> dict[str, Any]: ...
+
+    def reduced(self) -> None:
+        """The step's gradients were reduced: the batches drawn so far were used whole."""
+
+    def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
+        """The loop goes on in place as `rank` of `world_size`: re-shard the rest of the epoch, with the
+        shares the `lost` ranks (of `old_world_size`) did not complete since the last reduction."""
 
 
 class TrainSession:
@@ -57,6 +66,7 @@ class TrainSession:
         self._restored_loaded = False
         self._preemption_calls = 0
         self._collective_calls = 0
+        self._reduced = (self.index, 0)  # (report index, gradient reductions since it)
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -139,6 +149,39 @@ class TrainSession:
             self._storing.wait_committed(self.index)
         if after.unwind or (after.together and unwind):
             raise GenerationEnded()
+
+    def reduced(self) -> None:
+        """A step's gradients were reduced over the group (torch/reduction.py)."""
+        index, steps = self._reduced
+        self._reduced = (self.index, steps + 1 if index == self.index else 1)
+        for loader in self._loaders:
+            loader.reduced()
+
+    @property
+    def recovers_in_place(self) -> bool:
+        """May the loop go on in place when a peer is lost during its step (ElasticConfig.recover_in_place)?"""
+        return self._setup.recover_in_place
+
+    def go_on_in_place(self) -> bool:
+        """A collective of the step's gradient reduction failed (torch/reduction.py): park inside the
+        loop and go on in the next generation if it re-forms in place. The context then answers the
+        new place, and the prepared loaders re-shard the rest of the epoch over it, with the shares
+        the lost ranks did not complete. False: the loop must unwind and is entered afresh: always in
+        a loop with no prepared loader (it shards its data by the rank and world size it read
+        before), or when a report that went on did not pass its barrier everywhere."""
+        if not self._loaders or not self._lockstep.passed_so_far():
+            return False
+        index, steps = self._reduced
+        before = self.context.assignment
+        place = self._host.reform(Position(self.index, steps if index == self.index else 0))
+        if place is None:
+            return False
+        self.context.assignment = place
+        self._lockstep.reformed(place.world_size)
+        lost = sorted(set(range(before.world_size)) - set(place.previous_ranks or ()))
+        for loader in self._loaders:
+            loader.reformed(place.rank, place.world_size, lost, before.world_size)
+        return True
 
     def finish(self) -> None:
         """The loop returned: its last report counts once every rank made it (raises if one did not)."""

@@ -97,7 +97,7 @@ def reference_params(epochs: int, global_batch: int, momentum: float = 0.0) -> d
     sampler = ElasticBatchSampler(SAMPLES, global_batch, rank=0, world_size=1, shuffle=True, seed=7, drop_last=False)
     for epoch in range(epochs):
         sampler.epoch = epoch
-        for chunk in sampler.chunks(0):
+        for chunk in sampler.chunks():
             batch = torch.tensor(chunk)
             loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch], reduction="sum") / global_batch
             optimizer.zero_grad()

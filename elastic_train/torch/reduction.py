@@ -1,0 +1,111 @@
+"""DDP's gradient reduction, whole across a lost peer: the comm hook `prepare_model` registers.
+
+Each bucket is all-reduced on the generation's group as DDP's own reduction does (each rank's
+gradients divided by the world size, then summed), while the rank's local gradients stay in the
+bucket until the step's last bucket is reduced. When an all-reduce fails, the loop does not see it:
+the session parks inside the loop (worker/session.py `go_on_in_place`) and, once the survivors'
+group re-forms in place, every bucket of the step is reduced again there from the local gradients,
+divided by the new world size. The optimizer step that follows uses one consistent gradient: no
+bucket averaged over N ranks and another over N - 1. DDP is bound to the new group before its next
+forward (`DistributedDataParallel._update_process_group`, torch's way to resize DDP). Where the loop
+cannot go on in place, the buckets' futures fail with the collective's error and the loop unwinds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_group
+from torch.nn.parallel import DistributedDataParallel
+
+from elastic_train.worker.session import TrainSession
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Bucket:
+    """One bucket of the step: the rank's local gradients, their share being reduced, DDP's future."""
+
+    local: torch.Tensor
+    reduced: torch.Tensor
+    work: dist.Work | None  # None: the all-reduce could not even start
+    future: torch.futures.Future
+
+
+class StepReduction:
+    """The comm hook of one DDP model in one loop."""
+
+    def __init__(self, session: TrainSession, ddp: DistributedDataParallel):
+        self._session, self._ddp = session, ddp
+        self._bound = session.context.assignment.generation  # the generation whose group DDP holds
+        self._buckets: list[_Bucket] = []
+
+    def register(self) -> None:
+        self._ddp.register_comm_hook(None, self._hook)
+        self._ddp.register_forward_pre_hook(self._bind)
+
+    def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations as objects, not strings
+        """DDP's comm hook: (state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]."""
+        del state
+        local = bucket.buffer()
+        reduced, work = _start(local)
+        this = _Bucket(local, reduced, work, torch.futures.Future())
+        self._buckets.append(this)
+        if bucket.is_last():  # DDP waits for every bucket's future right after the last one's hook
+            self._complete()
+        return this.future
+
+    def _complete(self) -> None:
+        buckets, self._buckets = self._buckets, []
+        error = _wait_all(buckets)
+        while error is not None:
+            if not self._session.go_on_in_place():
+                for b in buckets:
+                    b.future.set_exception(error)
+                return
+            logger.info("the step's gradients are reduced again over the %d ranks that went on in place",
+                        dist.get_world_size())
+            for b in buckets:
+                b.reduced, b.work = _start(b.local)
+            error = _wait_all(buckets)
+        self._session.reduced()
+        for b in buckets:
+            b.future.set_result(b.reduced)
+
+    def _bind(self, module: torch.nn.Module, args: Any) -> None:
+        """Before a forward: DDP holds the group of the generation the loop is in."""
+        del module, args
+        generation = self._session.context.assignment.generation
+        if generation != self._bound:
+            self._ddp._update_process_group(_get_default_group())
+            self._bound = generation
+
+
+def _start(local: torch.Tensor) -> tuple[torch.Tensor, dist.Work | None]:
+    """Start the all-reduce of `local`'s share over the group: divided by the world size, then summed."""
+    reduced = local / dist.get_world_size()
+    try:
+        return reduced, dist.all_reduce(reduced, async_op=True)
+    except Exception:  # noqa: BLE001 - the group failed already: `_wait_all` finds no work to wait for
+        logger.debug("the all-reduce of a gradient bucket could not start", exc_info=True)
+        return reduced, None
+
+
+def _wait_all(buckets: list[_Bucket]) -> Exception | None:
+    """Wait for every bucket's all-reduce, the failed ones too (none then writes after the wait);
+    the first failure, or None if all passed."""
+    error: Exception | None = None
+    for b in buckets:
+        try:
+            if b.work is None:
+                raise RuntimeError("gloo: the all-reduce of a gradient bucket could not start: the group failed")
+            b.work.wait()
+        except Exception as exc:  # noqa: BLE001 - a lost peer: handled by the caller, after every wait
+            error = error or exc
+    return error
+
