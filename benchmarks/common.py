@@ -121,11 +121,19 @@ def build_model(width: int = WIDTH) -> tuple[torch.nn.Module, torch.optim.Optimi
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int,
-               step_time: float, width: int = WIDTH) -> torch.Tensor:
-    """One step of the benchmarks' workload (a seeded batch per step and rank, plus `step_time` of
-    simulated compute); returns the loss."""
-    x = torch.randn(32, width, generator=torch.Generator().manual_seed(step * 2 + rank))
+BATCH = 32  # samples per worker and step
+TABLE = 4096  # distinct inputs: a sample's input is row `id % TABLE` of a seeded table
+
+
+def batch(step: int, rank: int, width: int = WIDTH) -> torch.Tensor:
+    """A seeded batch per step and rank (for loops that draw no data: benchmarks.overhead)."""
+    return torch.randn(BATCH, width, generator=torch.Generator().manual_seed(step * 2 + rank))
+
+
+def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+               step_time: float) -> torch.Tensor:
+    """One step of the benchmarks' workload on inputs `x`, plus `step_time` of simulated compute;
+    returns the loss."""
     loss = ddp(x).pow(2).mean()
     optimizer.zero_grad()
     loss.backward()
@@ -136,17 +144,20 @@ def train_step(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
 
 def train_loop(config: dict[str, Any]) -> None:
     """The benchmarks' workload, against the API module `config["api"]` names ("elastic_train" or
-    "ray.train"): a small DDP model, `step_time` of simulated compute per step, rank 0 reporting a
+    "ray.train"), written as Ray Train's guides write a loop: a small DDP model from `prepare_model`,
+    batches of sample ids from `prepare_data_loader` (one epoch long enough for the run; a sample's
+    input is a row of a seeded table), `step_time` of simulated compute per step, rank 0 reporting a
     checkpoint every `checkpoint_every` steps (default 1; Ray Train's usual pattern), resumed from
-    `get_checkpoint()`; the other reports carry metrics only. With `live` (elastic_train only: see
-    `Checkpointing`), every rank reports its live state every step instead; with `checkpoint_every`
-    0, no checkpoint at all (elastic_train keeps the model and optimizer live). Every rank
-    logs each step's start and end to `<log_dir>/progress.jsonl` before reporting. With `kills` and
-    `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
+    `get_checkpoint()`; the other reports carry metrics only. The rank is read where it is used. With
+    `live` (elastic_train only: see `Checkpointing`), every rank reports its live state every step
+    instead; with `checkpoint_every` 0, no checkpoint at all (elastic_train keeps the model and
+    optimizer live). Every rank logs each step's start and end to `<log_dir>/progress.jsonl` before
+    reporting. With `kills` and `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
+    from torch.utils.data import DataLoader
+
     api = importlib.import_module(config["api"])
-    prepare_model = importlib.import_module(config["api"] + ".torch").prepare_model
+    api_torch = importlib.import_module(config["api"] + ".torch")
     context = api.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
     log = Path(config["log_dir"])
     width = config.get("width", WIDTH)
     model, optimizer = build_model(width)
@@ -164,14 +175,22 @@ def train_loop(config: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
-    ddp = prepare_model(model, live_state=True) if kept else prepare_model(model)
-    for step in range(start, config["steps"] + 1):
+    ddp = api_torch.prepare_model(model, live_state=True) if kept else api_torch.prepare_model(model)
+    table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
+    samples = torch.arange((config["steps"] + 1) * BATCH * context.get_world_size())
+    loader = api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
+    step = start - 1
+    for ids in loader:
+        step += 1
+        if step > config["steps"]:
+            break
+        rank = context.get_world_rank()
         if rank == 1 and config.get("kills"):
             _kill_if_due(log, step, config["kills"], config["kill_every"])
         began = time.time()
-        loss = train_step(ddp, optimizer, step, rank, config["step_time"], width)
-        record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank, "world_size": world_size,
-                  "step": step}
+        loss = train_step(ddp, optimizer, table[ids % TABLE], config["step_time"])
+        record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": context.get_world_rank(),
+                  "world_size": context.get_world_size(), "step": step}
         with open(log / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         metrics = {"loss": loss.item(), "step": step}
@@ -180,7 +199,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}))
             continue
         due = every > 0 and (step % every == 0 or step == config["steps"])
-        if rank != 0 or not due:
+        if context.get_world_rank() != 0 or not due:
             api.report(metrics)
             continue
         with tempfile.TemporaryDirectory() as d:

@@ -78,7 +78,7 @@ FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_l
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
                ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing(),
-               width: int = WIDTH) -> dict[str, Any]:
+               width: int = WIDTH, fixed: bool = False) -> dict[str, Any]:
     """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
@@ -108,7 +108,7 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         else:
             result = ElasticTorchTrainer(
                 train_loop, train_loop_config=config,
-                scaling_config=et.ScalingConfig(num_workers=(1, NUM_WORKERS)),
+                scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS if fixed else (1, NUM_WORKERS)),
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=kills + 2),
                                         checkpoint_config=checkpointing.elastic_config()),
@@ -191,6 +191,8 @@ def main() -> None:
                         help="the MLP's width (2048: 128 MB of parameters and momentum for a recovery to restore)")
     parser.add_argument("--ray-poll-s", type=float, default=None,
                         help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
+    parser.add_argument("--fixed", action="store_true",
+                        help="elastic_train at a fixed size (num_workers=2) rather than num_workers=(1, 2)")
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
     add_systems_option(parser, SYSTEMS)
@@ -218,7 +220,7 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out, chosen_checkpointing(args), args.width))
+                                  out, chosen_checkpointing(args), args.width, args.fixed))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
@@ -227,6 +229,7 @@ def main() -> None:
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,
         "width": args.width,
+        "elastic_train_scaling": NUM_WORKERS if args.fixed else [1, NUM_WORKERS],
         "ray_train_health_check_interval_s": args.ray_poll_s,
         "checkpointing": chosen_checkpointing(args).describe(),
         "total_wall_s": round(time.monotonic() - started, 2),

@@ -65,7 +65,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import add_systems_option, build_model, chosen_systems, free_port, machine_facts, train_step
+from benchmarks.common import (add_systems_option, batch, build_model, chosen_systems, free_port, machine_facts,
+                               train_step)
 
 logger = logging.getLogger("benchmarks.overhead")
 
@@ -92,7 +93,7 @@ def _run_steps(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
     times = []
     for step in range(1, config["steps"] + 1):
         times.append(time.perf_counter())
-        loss = train_step(ddp, optimizer, step, rank, config["step_time"])
+        loss = train_step(ddp, optimizer, batch(step, rank), config["step_time"])
         report(step, {"loss": loss.item(), "step": step})
     times.append(time.perf_counter())
     (Path(config["log_dir"]) / f"rank{rank}.json").write_text(json.dumps(times))

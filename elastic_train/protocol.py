@@ -23,11 +23,14 @@ class Exit(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Position:
-    """Where a survivor's loop stands when a collective of its step fails: after report `index`,
-    `steps` gradient reductions on. Survivors at one position may go on in place (worker/in_place.py)."""
+    """Where a survivor's loop stands when it parks inside it: `steps` gradient reductions after report
+    `index`, in the collective `at` names ("gradients": the step's reduction; "ddp": one of DDP's own;
+    "report": report `index`'s barrier; "leave": past it, every rank leaving the group there). Survivors
+    at one position may go on in place (worker/session.py `go_on_in_place`)."""
 
     index: int
-    steps: int
+    steps: int = 0
+    at: str = "gradients"
 
 
 @dataclass

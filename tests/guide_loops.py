@@ -4,8 +4,10 @@
 worker, as the guides give it), the mean loss, `loss.backward()`, `optimizer.step()`; rank 0 alone
 saves model (through `model.module`), optimizer and epoch at the end of each epoch (or every
 `checkpoint_every` steps) and every rank reports; a resumed loop goes on from the checkpoint's epoch.
-No state kept live. Every rank logs each step it completed: its epoch, its step within the epoch, its
-generation, rank, world size and the batch's sample ids.
+No state kept live. Options: a BatchNorm layer (DDP broadcasts rank 0's buffers before each forward),
+a layer no step uses (`find_unused_parameters=True`), gradient accumulation over `accumulate` batches
+(`no_sync` for all but the last; every epoch's batch count a multiple of it). Every rank logs each step it completed: its epoch, its step within the epoch, its
+generation, rank, world size and the sample ids of each batch of the step.
 
 `replay`: the parameters a correct run ends with, recomputed in this process from what the ranks
 logged: each step's gradient is the mean of the ranks' gradients that completed it (DDP's average over
@@ -15,6 +17,7 @@ it is a fault-free run that follows the world-size schedule the run took.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from typing import Any
@@ -38,9 +41,20 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def new_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+class Net(torch.nn.Module):
+    def __init__(self, batch_norm: bool, unused: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(FEATURES, 8)] + ([torch.nn.BatchNorm1d(8)] if batch_norm else [])
+        self.body = torch.nn.Sequential(*layers, torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.unused = torch.nn.Linear(8, 1) if unused else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def new_model(config: dict) -> torch.nn.Module:
+    return Net(config.get("batch_norm", False), config.get("unused", False)).double()
 
 
 def new_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -52,7 +66,8 @@ def guide_loop(config: dict) -> None:
     log_dir; checkpoint_every (steps; default: once an epoch)."""
     import time
 
-    model = prepare_model(new_model())
+    model = prepare_model(new_model(config), parallel_strategy_kwargs={"find_unused_parameters": True}
+                          if config.get("unused") else None)
     optimizer = new_optimizer(model)
     start_epoch = 0
     checkpoint = et.get_checkpoint()
@@ -69,32 +84,49 @@ def guide_loop(config: dict) -> None:
     for epoch in range(start_epoch, config["epochs"]):
         if et.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)
-        for step, batch in enumerate(loader):
-            fault_once(config, epoch * 100 + step, et.get_context().get_world_rank())
-            loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            ctx = et.get_context()
+        step, drawn = 0, []
+        for batch in loader:
+            point = epoch * 100 + step
+            fault_once(config, point, et.get_context().get_world_rank())
+            drawn.append(batch.tolist())
+            last = len(drawn) == config.get("accumulate", 1)
+            with contextlib.nullcontext() if last else model.no_sync():
+                loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
+                loss.backward()
+            if not last:
+                continue
+            ctx = et.get_context()  # the step's gradients are reduced: its batches count
             log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
-                         generation=ctx.get_generation(), epoch=epoch, step=step, batch=batch.tolist(),
-                         loss=loss.item())
+                         generation=ctx.get_generation(), epoch=epoch, step=step, batches=drawn, loss=loss.item())
+            fault_once(config, point, ctx.get_world_rank(), point="before_step")
+            optimizer.step()
+            optimizer.zero_grad()
             time.sleep(config.get("step_time", 0.0))
-            if every and (step + 1) % every == 0:
-                _report(model, optimizer, epoch, {"epoch": epoch, "step": step, "loss": loss.item()}, last=False)
+            step, drawn = step + 1, []
+            if every and step % every == 0:
+                _report(model, optimizer, epoch, {"epoch": epoch, "step": step, "loss": loss.item()}, config, point,
+                        last=False)
         if not every:
-            _report(model, optimizer, epoch, {"epoch": epoch, "loss": loss.item()}, last=True)
+            _report(model, optimizer, epoch, {"epoch": epoch, "loss": loss.item()}, config, epoch * 100 + step,
+                    last=True)
 
 
-def _report(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int, metrics: dict, last: bool) -> None:
-    """Rank 0 alone saves; every rank reports. A checkpoint in mid-epoch resumes that epoch afresh:
-    `epoch` is the last one done."""
+def _report(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int, metrics: dict, config: dict,
+            point: int, last: bool) -> None:
+    """Rank 0 alone saves; every rank reports (faults: "saving", rank 0 in the middle of its save;
+    "report", as the rank calls report()). A checkpoint in mid-epoch resumes that epoch afresh: `epoch`
+    is the last one done."""
+    rank = et.get_context().get_world_rank()
     with tempfile.TemporaryDirectory() as d:
         checkpoint = None
-        if et.get_context().get_world_rank() == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch if last else epoch - 1}, os.path.join(d, "model.pt"))
+        if rank == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                     "epoch": epoch if last else epoch - 1}
+            torch.save(state["model"], os.path.join(d, "weights.pt"))
+            fault_once(config, point, rank, point="saving")
+            torch.save(state, os.path.join(d, "model.pt"))
             checkpoint = et.Checkpoint.from_directory(d)
+        fault_once(config, point, rank, point="report")
         et.report(metrics, checkpoint=checkpoint)
 
 
@@ -102,7 +134,7 @@ def completed_steps(log_dir: str) -> dict[tuple[int, int], list[dict[str, Any]]]
     """Each step of the run's lineage, by (epoch, step): the ranks' records of its latest computation."""
     steps: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for p in read_progress(log_dir):
-        if "batch" not in p:
+        if "batches" not in p:
             continue
         key = (p["epoch"], p["step"])
         if key in steps and steps[key][0]["generation"] != p["generation"]:
@@ -113,19 +145,24 @@ def completed_steps(log_dir: str) -> dict[tuple[int, int], list[dict[str, Any]]]
     return steps
 
 
-def replay(log_dir: str) -> dict[str, torch.Tensor]:
-    """The parameters of a fault-free run through the steps the ranks logged (see the module's docstring)."""
-    model, (x, y) = new_model(), dataset()
+def replay(log_dir: str, config: dict) -> dict[str, torch.Tensor]:
+    """The state of a fault-free run through the steps the ranks logged (see the module's docstring):
+    a step's gradient is the mean over its ranks of each one's gradients summed over its batches;
+    the buffers (BatchNorm's) are rank 0's, which DDP broadcasts before each forward. A rank logs a
+step once its gradients are reduced: a rank lost after that counts in it."""
+    model, (x, y) = new_model(config), dataset()
     optimizer = new_optimizer(model)
     for _, records in sorted(completed_steps(log_dir).items()):
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
         grads = []
-        for record in records:
+        for record in sorted(records, key=lambda r: r["rank"], reverse=True):  # rank 0's forwards last
+            model.load_state_dict(buffers, strict=False)
             model.zero_grad()
-            batch = torch.tensor(record["batch"])
-            torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
+            for batch in record["batches"]:
+                torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+            grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
         for p, *rank_grads in zip(model.parameters(), *grads):
-            p.grad = torch.stack(rank_grads).mean(dim=0)
+            p.grad = None if rank_grads[0] is None else torch.stack(rank_grads).mean(dim=0)
         optimizer.step()
     return model.state_dict()
 

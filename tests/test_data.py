@@ -40,3 +40,49 @@ def test_no_sample_skipped_or_repeated_across_kill_and_regrow(local_ray, run_dir
         assert len(flat) == len(set(flat))
     assert {len(b) for (g, s), bs in by_step.items() for b in bs if len(bs) == 2} == {4}
     assert {len(b) for (g, s), bs in by_step.items() for b in bs if len(bs) == 1} == {8}
+
+
+def _loader(rank: int, world: int, per_rank: int = 4, size: int = 40):
+    """A prepared loader as prepare_data_loader builds it, without a run (batch `per_rank` per worker)."""
+    from torch.utils.data import DataLoader
+
+    from elastic_train.torch.data import ElasticDataLoader
+
+    sampler = ElasticBatchSampler(size, per_rank * world, rank, world, shuffle=True, seed=5, drop_last=False)
+    return ElasticDataLoader(DataLoader(list(range(size)), batch_sampler=sampler), sampler, False, per_rank)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("lost", [0, 1])
+@pytest.mark.parametrize("draws", [1, 3])  # 3: gradient accumulation, the step reduced after three batches
+def test_a_loader_going_on_in_place_owes_the_lost_ranks_unreduced_shares_and_uses_every_sample_once(lost, draws):
+    loaders = [_loader(rank, 2, size=96) for rank in range(2)]
+    epochs = [iter(loader) for loader in loaders]
+    used = []
+    for step in range(2 * draws):  # two reduced steps at world size 2
+        used += [i for epoch in epochs for i in next(epoch).tolist()]
+        if (step + 1) % draws == 0:
+            for loader in loaders:
+                loader.reduced()
+    drawn = [next(epoch).tolist() for epoch in epochs for _ in range(draws)]  # a step whose reduction fails
+    survivor = 1 - lost
+    kept = [i for n, batch in enumerate(drawn) if n // draws == survivor for i in batch]
+    loaders[survivor].reformed(0, 1, [lost], 2)
+    state = loaders[survivor].loader_state()
+    assert state["owed"] == [i for n, batch in enumerate(drawn) if n // draws == lost for i in batch]
+    rest = [i for batch in epochs[survivor] for i in batch.tolist()]
+    assert sorted(used + kept + rest) == list(range(96)), "a sample was skipped or used twice in the epoch"
+    assert rest[:len(state["owed"])] == state["owed"], "the lost shares come first"
+    resumed = _loader(0, 1, size=96)  # a loop entered afresh from that state walks the same rest
+    resumed.resume_from(state)
+    assert [i for batch in resumed for i in batch.tolist()] == rest
+    assert loaders[survivor].loader_state() == {"epoch": 1, "position": 0}
+
+
+@pytest.mark.timeout(10)
+def test_the_samples_owed_are_those_only_the_lost_ranks_held():
+    from elastic_train.torch.data import untrained
+
+    assert untrained([[1, 2, 3, 4, 5]], [1], 2) == [4, 5]
+    assert untrained([[1, 2, 3, 4, 5], [6, 7, 8]], [0, 2], 3) == [1, 2, 5, 6, 8]
+    assert untrained([[9]], [1], 2) == []  # with fewer samples than ranks, the survivor held it too

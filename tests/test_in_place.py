@@ -1,6 +1,9 @@
-"""Loops written as Ray Train's guides write them go on in place when a peer is lost mid-step: the
+"""Loops written as Ray Train's guides write them go on in place when a peer is lost mid-epoch: the
 survivors complete the step among themselves, no step is redone, every sample of each epoch is used
-once, and the run ends where a fault-free run through the same world sizes ends (tests/guide_loops.py)."""
+once, and the run ends where a fault-free run through the same world sizes ends (tests/guide_loops.py).
+The fault strikes the loop of one rank at a point of its step; the survivors meet it in whatever
+collective comes next: the step's gradient reduction, DDP's buffers or map of used parameters, a
+report's barrier."""
 
 from __future__ import annotations
 
@@ -8,39 +11,81 @@ import pytest
 import torch
 
 from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.config import ElasticConfig
 from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.events import read_events
 from tests.guide_loops import SAMPLES, completed_steps, final_state, guide_loop, replay
 from tests.helpers import make_trainer
 from tests.loops import read_progress
+from tests.patterns import FAST_DETECTION
 
-EPOCHS = 4
+EPOCHS = 6
 
 
-def check_lineage(log_dir: str, epochs: int) -> None:
-    """Every sample of each epoch used once; no process computed a step twice."""
+def check_run(result, log_dir: str, config: dict, paths: list[str]) -> None:
+    """The run finished every epoch through the recovery `paths` took (GenerationOpened.resume_from
+    after the first), every sample of each epoch used once, no process computed a step twice, and it
+    ends with a fault-free run's state through the same steps."""
+    assert result.error is None, result.error
+    assert result.metrics["epoch"] == EPOCHS - 1
     steps = completed_steps(log_dir)
-    for epoch in range(epochs):
-        used = [i for (e, _), records in steps.items() if e == epoch for r in records for i in r["batch"]]
+    for epoch in range(EPOCHS):
+        used = [i for (e, _), records in steps.items() if e == epoch for r in records for b in r["batches"] for i in b]
         assert sorted(used) == list(range(SAMPLES)), f"epoch {epoch}: a sample was skipped or used twice"
     by_process: dict[int, list[tuple[int, int]]] = {}
     for p in read_progress(log_dir):
-        if "batch" in p:
+        if "batches" in p:
             by_process.setdefault(p["pid"], []).append((p["epoch"], p["step"]))
     for pid, done in by_process.items():
         assert done == sorted(set(done)), f"process {pid} redid a step: {done}"
+    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
+    assert [g.resume_from for g in opened][1:len(paths) + 1] == paths, opened
+    expected = replay(log_dir, config)
+    for name, value in final_state(result).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-9, atol=1e-12)
+
+
+def run(run_dirs: dict, scaling, fault: dict, elastic: ElasticConfig | None = None, **options):
+    config = {"epochs": EPOCHS, "step_time": 0.1, "fault": fault, **options}
+    return make_trainer(run_dirs, scaling, guide_loop, elastic=elastic, **config).fit(), config
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("killed", [0, 1])
-def test_guide_loop_goes_on_in_place_when_a_worker_is_killed_mid_epoch(local_ray, run_dirs, killed):
-    result = make_trainer(run_dirs, (1, 2), guide_loop, epochs=EPOCHS, step_time=0.1,
-                          fault={"kind": "kill", "rank": killed, "at_step": 103}).fit()
-    assert result.error is None, result.error
-    assert result.metrics["epoch"] == EPOCHS - 1
-    check_lineage(run_dirs["log_dir"], EPOCHS)
-    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
-    assert [g.resume_from for g in opened][:2] == [None, "in place"], opened
-    expected = replay(run_dirs["log_dir"])
-    for name, value in final_state(result).items():
-        torch.testing.assert_close(value, expected[name], rtol=1e-9, atol=1e-12)
+@pytest.mark.parametrize("scaling, killed", [((1, 2), 0), (2, 1)])
+def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins_at_a_checkpoint(
+        local_ray, run_dirs, scaling, killed):
+    """Fixed size (2): the survivor goes on alone while the replacement starts; it joins at the next
+    report that carries a checkpoint, where every rank starts from that checkpoint: no step lost."""
+    result, config = run(run_dirs, scaling, {"kind": "kill", "rank": killed, "at_step": 103})
+    check_run(result, run_dirs["log_dir"], config, ["in place", "memory"])
+    regrown = [p for p in read_progress(run_dirs["log_dir"]) if p.get("generation", 0) >= 2]
+    assert regrown and {p["world"] for p in regrown} == {2}, "the replacement joined at an epoch's checkpoint"
+
+
+@pytest.mark.timeout(240)
+def test_batch_norm_unused_parameters_and_accumulation_a_worker_killed_before_the_optimizer_step(
+        local_ray, run_dirs):
+    """The killed rank's step reduced its gradients: the survivor meets the loss in DDP's broadcast of
+    the buffers at its next forward (or the reduction after it), and goes on from there."""
+    result, config = run(run_dirs, (1, 2), {"kind": "kill", "rank": 1, "at_step": 101, "point": "before_step"},
+                         batch_norm=True, unused=True, accumulate=2)
+    check_run(result, run_dirs["log_dir"], config, ["in place"])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("point", ["saving", "report"])
+def test_a_worker_killed_at_a_report_the_survivor_agrees_it_alone(local_ray, run_dirs, point):
+    """Rank 0 killed while saving the epoch's checkpoint (lost: the next epoch's is saved by the
+    survivor, rank 0 now), or rank 1 as it calls report(): the survivor's report barrier passes in place."""
+    rank = 0 if point == "saving" else 1
+    result, config = run(run_dirs, 2, {"kind": "kill", "rank": rank, "at_step": 108, "point": point})
+    check_run(result, run_dirs["log_dir"], config, ["in place"])
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_stopped_mid_step_is_dropped_and_the_survivor_goes_on(local_ray, run_dirs):
+    """SIGSTOP: the survivor's collective waits until the supervisor finds the stopped worker silent
+    (heartbeat_timeout_s) and aborts the group; it goes on in place then."""
+    result, config = run(run_dirs, (1, 2), {"kind": "stop", "rank": 1, "at_step": 103},
+                         elastic=ElasticConfig(**FAST_DETECTION))
+    check_run(result, run_dirs["log_dir"], config, ["in place"])

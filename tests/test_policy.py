@@ -7,7 +7,7 @@ import pytest
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.layout import CommittedCheckpoint
-from elastic_train.protocol import Exit, ResumePlan
+from elastic_train.protocol import Exit, Position, ResumePlan
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.goodput import GoodputAccount
 from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
@@ -401,3 +401,30 @@ def test_the_run_fails_once_its_failures_exceed_max_failures():
     assert policy.out_of_failures(2, FailureConfig(max_failures=1))
     assert policy.out_of_failures(1, FailureConfig(max_failures=0))
     assert not policy.out_of_failures(10**6, FailureConfig(max_failures=-1))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("positions, expected", [
+    ([Position(4, 2), Position(4, 2)], Position(4, 2)),  # survivors at one step go on in place
+    ([Position(4, 0, "report")] * 3, Position(4, 0, "report")),
+    ([Position(4, 2), Position(4, 3)], None),  # one reduced a step the other did not: entered afresh
+    ([Position(4, 0), Position(4, 0, "report")], None),  # one at the report's barrier, one past it
+    ([Position(4, 1), Position(4, 1, "ddp")], None),  # one in the step's reduction, one in DDP's map of used parameters
+    ([Position(4, 0), None], None),  # a newcomer: it has no state to go on from
+    ([], None),
+])
+def test_the_next_generation_goes_on_in_place_only_from_one_position(positions, expected):
+    assert policy.in_place(positions) == expected
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("in_place, expected", [(True, Do.OPEN), (False, Do.SCHEDULE)])
+def test_a_fixed_size_run_goes_on_below_its_size_in_place_while_its_replacement_starts(in_place, expected):
+    survivor = [Member(0, 0, exit=Exit.UNWOUND), Member(1, 1, lost=True)]
+    decision = policy.restarting(survivor, parked=1, waited_s=0.2, drain_timeout_s=30, scaling=FIXED_2,
+                                 error_counted=False, in_place=in_place)
+    assert decision.do is expected
+    assert ("replacement" in decision.reason) is in_place, "a run below its size says so"
+    nobody = policy.restarting([Member(0, 0, lost=True)], parked=0, waited_s=0.2, drain_timeout_s=30,
+                               scaling=FIXED_2, error_counted=False, in_place=True)
+    assert nobody.do is Do.SCHEDULE

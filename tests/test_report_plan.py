@@ -120,3 +120,20 @@ def test_an_unwind_is_acted_on_when_every_rank_waited(previous, pipelined, leavi
     agreed = Agreed(checkpoint=False, unwind=True, every_part=False, store_live=False)
     after = _after(_plan(checkpoint=False), agreed, previous=previous, pipelined=pipelined, leaving_here=leaving_here)
     assert after.together is together and after.unwind is together
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("agreed, kept, leaves_here", [
+    (dict(unwind=True), False, True),  # a peer leaves: at this report, whatever it carries
+    (dict(grow=True), False, False),  # newcomers wait for a report that carries a checkpoint ...
+    (dict(grow=True, some_part=True), False, True),  # ... a part on some rank (rank 0 alone saves)
+    (dict(grow=True, checkpoint=True), False, True),  # ... a checkpoint the loop stored itself
+    (dict(grow=True), True, True),  # ... or the state kept live, at any report
+    (dict(), True, False),
+])
+def test_newcomers_join_at_a_report_that_carries_what_they_start_from(agreed, kept, leaves_here):
+    from elastic_train.worker.report_plan import leaves
+
+    flags = dict(checkpoint=False, unwind=False, every_part=False, store_live=False) | agreed
+    assert leaves(Agreed(**flags), kept=kept) is leaves_here
+    assert Agreed(**flags).notable or not any(agreed.values()), "a report with a growth due waits for its barrier"

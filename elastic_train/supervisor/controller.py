@@ -21,7 +21,7 @@ from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig,
 from elastic_train.errors import StorageError
 from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,
                                   RunStarted, StateChanged, StopRequested)
-from elastic_train.protocol import Assignment, Outcome, PreemptionInfo, ResumePlan, Stop
+from elastic_train.protocol import Assignment, Outcome, Position, PreemptionInfo, ResumePlan, Stop
 from elastic_train.run_folder.events import EventLog
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor import notices, policy
@@ -194,10 +194,11 @@ class Controller:
                 failure=self._failure, error_counted=self._generation in self._counted),
                 [w for w in self.members() if not w.leaving] + standby)
         elif self._state is RunState.RESTARTING:
+            ready = self._ready()
             decision = policy.restarting(
-                self._views(), parked=len(self._ready()), waited_s=now - self._entered,
+                self._views(), parked=len(ready), waited_s=now - self._entered,
                 drain_timeout_s=self._elastic.drain_timeout_s, scaling=self._scaling,
-                error_counted=self._generation in self._counted)
+                error_counted=self._generation in self._counted, in_place=self._in_place(ready) is not None)
             self._drop(decision.dropped, decision.reason)
             self._carry_out(decision, self._ready())
 
@@ -231,15 +232,20 @@ class Controller:
         elif do is policy.Do.RESTART:
             self.restart(decision.reason)
         elif do is policy.Do.RESIZE:
-            self.reports.unwind_after(self.reports.latest + 1, self.members(), self._generation)
+            self.reports.unwind_after(self.reports.latest + 1, self.members(), self._generation, grow=True)
             self.telemetry.record(ResizeRequested(self.reports.resize_at, decision.reason))
             self._transition(RunState.RESIZING)
         elif do is policy.Do.OPEN:
-            self._open_generation(candidates)
+            self._open_generation(candidates, decision.reason)
         elif do is policy.Do.SCHEDULE and self._state is not RunState.SCHEDULING:
             self._transition(RunState.SCHEDULING, reason=decision.reason)
         elif do is policy.Do.FAIL:
             self.fail(decision.reason)
+
+    def _in_place(self, candidates: list[WorkerRecord]) -> Position | None:
+        """Where `candidates` would go on in place as the next generation (policy.in_place)."""
+        return policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
+                                and w.rank >= 0 else None for w in candidates])
 
     def _views(self) -> list[policy.Member]:
         return [policy.Member.of(m) for m in self.members()]
@@ -299,13 +305,12 @@ class Controller:
         self._worker_failures = by_rank or {}
         self._transition(RunState.ERRORED)
 
-    def _open_generation(self, candidates: list[WorkerRecord]) -> None:
+    def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
         plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
                                self._elastic.replicate_checkpoints)
         records = {w.worker_id: w for w in candidates}
         chosen = [records[worker_id] for worker_id in plan.placements]
-        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
-                              and w.rank >= 0 else None for w in chosen])
+        at = self._in_place(chosen)
         previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
         self.reports.close(self._generation)
         self._generation += 1
@@ -329,7 +334,7 @@ class Controller:
             {w.worker_id: {"rank": plan.placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
             resume_index=resume.index if resume else None,
             resume_from=_resumed_from(resume, at is not None)))
-        self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen))
+        self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen), reason=reason or None)
 
     # == what workers and the driver ask of the run ====================================================
     async def park(self, w: WorkerRecord, outcome: Outcome, free_port: int) -> Assignment | Stop:

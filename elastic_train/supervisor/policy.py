@@ -149,14 +149,18 @@ def running(members: list[Member], *, resizing: bool, standby: int, scaling: Sca
 
 
 def restarting(members: list[Member], *, parked: int, waited_s: float, drain_timeout_s: float,
-               scaling: ScalingConfig, error_counted: bool) -> Decision:
+               scaling: ScalingConfig, error_counted: bool, in_place: bool = False) -> Decision:
     """The generation ended: wait for its survivors to leave it, then re-form. `parked` counts the
-    workers ready for the next generation (survivors and newcomers, none under a notice)."""
+    workers ready for the next generation (survivors and newcomers, none under a notice); `in_place`:
+    they are survivors that can go on in place. Those go on even below the minimum (a fixed-size
+    run's replacement is still starting): the run grows back once it is ready, rather than stall."""
     drained = _drained(members, waited_s, drain_timeout_s)
     if drained is None:
         return Decision(Do.WAIT)
-    do = Do.OPEN if parked >= scaling.min_workers else Do.SCHEDULE
-    return dataclasses.replace(drained, do=do, failure=_user_error(members, error_counted))
+    do = Do.OPEN if parked >= scaling.min_workers or (in_place and parked) else Do.SCHEDULE
+    reason = drained.reason or ("going on below the minimum while a replacement starts"
+                                if do is Do.OPEN and parked < scaling.min_workers else "")
+    return dataclasses.replace(drained, do=do, reason=reason, failure=_user_error(members, error_counted))
 
 
 def stopping(members: list[Member], *, waited_s: float, drain_timeout_s: float) -> Decision:

@@ -46,6 +46,7 @@ class Reports:
         self.history: list[dict[str, Any]] = []
         self.latest = 0  # the highest report index of the current generation
         self.resize_at: int | None = None  # members unwind at this report (or the first after it)
+        self._grows = False  # ... if it carries a checkpoint: newcomers join
         self._barriers: dict[int, asyncio.Event] = {}  # report index -> set when every member made it
         self._paces: dict[tuple[int, int], dict[int, Pace]] = {}  # (generation, index) -> worker -> its pace
         self._agreements = Agreements()
@@ -55,14 +56,15 @@ class Reports:
         """A generation opens, resuming after report `index`."""
         self.latest, self.resize_at = index, None
 
-    def unwind_after(self, index: int | None, members: list[WorkerRecord], generation: int) -> None:
-        """Members leave the loop at report `index` (or the first after it), for the group to re-form;
-        None: not yet (the loop asks `get_preemption_info()` first). Reports without a checkpoint do
-        not wait for a reply, so each member is told."""
-        self.resize_at = index
+    def unwind_after(self, index: int | None, members: list[WorkerRecord], generation: int, grow: bool = False) -> None:
+        """Members leave the group at report `index` (or the first after it), for it to re-form; None:
+        not yet (the loop asks `get_preemption_info()` first); `grow`: newcomers join, at the first such
+        report that carries a checkpoint (worker/report_plan.py `leaves`). Reports without a checkpoint
+        do not wait for a reply, so each member is told."""
+        self.resize_at, self._grows = index, grow
         if index is not None:
             for m in members:
-                m.actor.unwind_at.remote(generation, index)
+                m.actor.unwind_at.remote(generation, index, grow)
 
     def release(self) -> None:
         """The generation ended: reports waiting for their peers are answered (and refused)."""
@@ -117,7 +119,8 @@ class Reports:
         self.latest = max(self.latest, index)
         if entry.complete and not entry.made:  # made once every rank made it: then it counts
             # Decided once, when the last rank reports: every rank unwinds after the same report.
-            entry.unwind = self.resize_at is not None and index >= self.resize_at
+            entry.unwind = (self.resize_at is not None and index >= self.resize_at
+                            and (not self._grows or bool(entry.parts) or entry.stored_by_loop))
             self._made(entry, index, entry.metrics_by_rank.get(0))  # None: made before a supervisor restart
             self._watch_pace(index, self._paces.pop((generation, index), {}))
             barrier = self._barriers.pop(index, None)

@@ -116,6 +116,8 @@ class ElasticDataLoader:
         return state
 
     def reduced(self) -> None:
+        """The step's gradients were reduced: every batch drawn so far was trained (a loop draws a
+        batch for its step, not ahead of the step's backward)."""
         self._drawn.clear()
 
     def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:

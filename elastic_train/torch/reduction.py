@@ -6,20 +6,18 @@ bucket until the step's last bucket is reduced. When an all-reduce fails, the lo
 the session parks inside the loop (worker/session.py `go_on_in_place`) and, once the survivors'
 group re-forms in place, every bucket of the step is reduced again there from the local gradients,
 divided by the new world size. The optimizer step that follows uses one consistent gradient: no
-bucket averaged over N ranks and another over N - 1. DDP is bound to the new group before its next
-forward (`DistributedDataParallel._update_process_group`, torch's way to resize DDP). Where the loop
-cannot go on in place, the buckets' futures fail with the collective's error and the loop unwinds.
+bucket averaged over N ranks and another over N - 1. (DDP's other collectives follow the loop through
+its process group, elastic_group.py.) Where the loop cannot go on in place, the buckets' futures fail
+with the collective's error and the loop unwinds.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _get_default_group
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import TrainSession
@@ -40,14 +38,12 @@ class _Bucket:
 class StepReduction:
     """The comm hook of one DDP model in one loop."""
 
-    def __init__(self, session: TrainSession, ddp: DistributedDataParallel):
-        self._session, self._ddp = session, ddp
-        self._bound = session.context.assignment.generation  # the generation whose group DDP holds
+    def __init__(self, session: TrainSession):
+        self._session = session
         self._buckets: list[_Bucket] = []
 
-    def register(self) -> None:
-        self._ddp.register_comm_hook(None, self._hook)
-        self._ddp.register_forward_pre_hook(self._bind)
+    def register(self, ddp: DistributedDataParallel) -> None:
+        ddp.register_comm_hook(None, self._hook)
 
     def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations as objects, not strings
         """DDP's comm hook: (state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]."""
@@ -64,7 +60,7 @@ class StepReduction:
         buckets, self._buckets = self._buckets, []
         error = _wait_all(buckets)
         while error is not None:
-            if not self._session.go_on_in_place():
+            if not self._session.go_on_in_place("gradients"):
                 for b in buckets:
                     b.future.set_exception(error)
                 return
@@ -76,14 +72,6 @@ class StepReduction:
         self._session.reduced()
         for b in buckets:
             b.future.set_result(b.reduced)
-
-    def _bind(self, module: torch.nn.Module, args: Any) -> None:
-        """Before a forward: DDP holds the group of the generation the loop is in."""
-        del module, args
-        generation = self._session.context.assignment.generation
-        if generation != self._bound:
-            self._ddp._update_process_group(_get_default_group())
-            self._bound = generation
 
 
 def _start(local: torch.Tensor) -> tuple[torch.Tensor, dist.Work | None]:

@@ -81,7 +81,9 @@ class TrainWorker:
             spec.elastic.process_group_destroy_timeout_s,
         )
         self._generation: int | None = None
-        self._unwind_at: tuple[int, int] | None = None  # (generation, report index): leave the loop there
+        # (generation, report index, grow): leave the group there (grow: at the first report from there that
+        # carries a checkpoint)
+        self._unwind_at: tuple[int, int, bool] | None = None
         self._assignment: Assignment | None = None  # the last generation's place
         self._place: Place | None = None  # (rank, world size) in the last generation whose loop ran here
         self._session: TrainSession | None = None  # the last generation's session
@@ -113,13 +115,15 @@ class TrainWorker:
         """The supervisor ends `generation`: fail its collectives so the loop unwinds."""
         self._on_generation_ended(generation)
 
-    def unwind_at(self, generation: int, index: int) -> None:
-        """The supervisor re-forms the group: leave `generation`'s loop at the first report numbered
-        `index` or later. Every rank learns it at its own time; report()'s barrier makes them leave
-        after the same report."""
+    def unwind_at(self, generation: int, index: int, grow: bool = False) -> None:
+        """The supervisor re-forms the group: leave `generation`'s group at the first report numbered
+        `index` or later (`grow`: newcomers join, at the first such report that carries a checkpoint).
+        Every rank learns it at its own time; report()'s barrier makes them leave after the same report."""
         at = self._unwind_at
-        if at is None or at[0] != generation or index < at[1]:
-            self._unwind_at = (generation, index)
+        if at is None or at[0] != generation:
+            self._unwind_at = (generation, index, grow)
+        else:  # a peer leaving is not put off until a checkpoint
+            self._unwind_at = (generation, min(index, at[1]), grow and at[2])
 
     def _report_index(self, generation: int | None) -> int:
         """The newest report the loop entered in `generation` (-1: not in it, or its session not begun)."""
@@ -128,9 +132,9 @@ class TrainWorker:
             return -1
         return session.index
 
-    def _unwind_due(self, generation: int, index: int) -> bool:
+    def _unwind_due(self, generation: int, index: int, grow: bool = False) -> bool:
         at = self._unwind_at
-        return at is not None and at[0] == generation and index >= at[1]
+        return at is not None and at[0] == generation and index >= at[1] and at[2] == grow
 
     def _on_preemption_notice(self, source: str, seconds_left: float | None) -> None:
         self._supervisor.preemption_notice.remote(self.worker_id, source, seconds_left)
@@ -420,6 +424,9 @@ class _Host:
 
     def unwind_due(self, index: int) -> bool:
         return self._worker._unwind_due(self._worker._assignment.generation, index)
+
+    def grow_due(self, index: int) -> bool:
+        return self._worker._unwind_due(self._worker._assignment.generation, index, grow=True)
 
     def unwind_at(self, index: int) -> None:
         self._worker.unwind_at(self._worker._assignment.generation, index)

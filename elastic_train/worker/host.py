@@ -60,7 +60,10 @@ class SessionHost(Protocol):
         """Has the supervisor ended this generation?"""
 
     def unwind_due(self, index: int) -> bool:
-        """Was this worker asked to leave the loop at report `index`?"""
+        """Was this worker asked to leave the group at report `index`?"""
+
+    def grow_due(self, index: int) -> bool:
+        """... or at report `index` if it carries a checkpoint (newcomers join; report_plan.py `leaves`)?"""
 
     def unwind_at(self, index: int) -> None:
         """Leave the loop at report `index` (or the first after)."""

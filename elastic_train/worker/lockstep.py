@@ -113,7 +113,8 @@ class Lockstep:
         """The report's barrier, waited for; unwinds the loop when it fails."""
         self._check_ended(made)
         try:
-            agreed = agree(checkpoint, self._host.unwind_due(made.report.index), part, store_live)
+            index = made.report.index
+            agreed = agree(checkpoint, self._host.unwind_due(index), part, store_live, self._host.grow_due(index))
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._barrier_failed(exc, made.report.index, made)
         self._agreed, self._collectives_seen = agreed, collectives_done()
@@ -132,8 +133,10 @@ class Lockstep:
         return True
 
     def reformed(self, world_size: int) -> None:
-        """The loop goes on in place in a group of `world_size`: the barriers from here on are its."""
+        """The loop goes on in place in a group of `world_size`: the barriers from here on are its (a
+        report whose barrier failed is agreed again there)."""
         self._world_size, self._collectives_seen = world_size, collectives_done()
+        self.unagreed = None
 
     def go_on(self, made: Made) -> None:
         """A plain report leaves before its barrier passed: the next report (or the loop's end) awaits it."""

@@ -30,6 +30,7 @@ class Agreed:
     every_part: bool  # every rank reports a checkpoint part
     store_live: bool  # some rank's live dict part is due to be stored
     some_part: bool = False  # some rank reports a checkpoint part
+    grow: bool = False  # some rank was asked to leave at the first report that carries a checkpoint (newcomers join)
 
     @property
     def round_trip(self) -> bool:
@@ -42,7 +43,7 @@ class Agreed:
     def notable(self) -> bool:
         """Did some rank bring anything but metrics (and a state kept live)? Then every rank waits for
         the next report's agreement at once."""
-        return self.checkpoint or self.unwind or self.some_part or self.store_live
+        return self.checkpoint or self.unwind or self.some_part or self.store_live or self.grow
 
 
 def goes_on(plain: bool, unwind_due: bool, previous: Agreed | None, pipelined: bool) -> bool:
@@ -82,8 +83,9 @@ class Agreement:
         return self._read()
 
     def _read(self) -> Agreed:
-        any_checkpoint, any_unwind, some_without, any_store_live, any_part = self._flags.tolist()
-        return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part))
+        any_checkpoint, any_unwind, some_without, any_store_live, any_part, any_grow = self._flags.tolist()
+        return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part),
+                      bool(any_grow))
 
     def on_passed(self, fn: Callable[[Agreed], None]) -> None:
         """Call `fn` with the agreement once the all-reduce passed, on the thread that completes it
@@ -104,19 +106,20 @@ class Agreement:
             self._work.get_future().then(passed)
 
 
-def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreement:
+def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreement:
     """Start the all-reduce of this rank's flags."""
     alone = not dist.is_initialized() or dist.get_world_size() == 1
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     nccl = not alone and dist.get_backend() == "nccl"
-    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part)], dtype=torch.int32,
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow)],
+                         dtype=torch.int32,
                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
     return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True))
 
 
-def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool) -> Agreed:
+def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreed:
     """The group's decision from this rank's flags, waited for: a barrier."""
-    return issue(checkpoint, unwind, part, store_live).result()
+    return issue(checkpoint, unwind, part, store_live, grow).result()
 
 
 def collectives_done() -> int | None:

@@ -88,7 +88,7 @@ class AfterBarrier:
     stores_live: bool  # sent in a batch, every rank's live part due: the cadence starts again
     uploads_live: bool  # ... and this rank (rank 0) stores its part now
     keeps_unstored: bool  # sent in a batch, not stored: this rank stores its live part if the loop ends here
-    unwind: bool  # leave the loop after this report (or after the supervisor's reply asks it)
+    unwind: bool  # leave the group after this report (or after the supervisor's reply asks it)
 
 
 def after_barrier(plan: ReportPlan, agreed: Agreed, *, previous: Agreed | None, pipelined: bool,
@@ -110,5 +110,12 @@ def after_barrier(plan: ReportPlan, agreed: Agreed, *, previous: Agreed | None, 
         uploads_live=stores_live and rank == 0,
         keeps_unstored=batched and not stores_live and plan.carries is Carries.LIVE
         and (rank == 0 or not agreed.every_part),
-        unwind=together and agreed.unwind,
+        unwind=together and leaves(agreed, kept=plan.carries is Carries.KEPT),
     )
+
+
+def leaves(agreed: Agreed, *, kept: bool) -> bool:
+    """Does every rank leave the group at this report? When asked to (a peer leaves), or when newcomers
+    join and the report carries a checkpoint (or, `kept`, the state kept live, alike on every rank):
+    they start from it, and so do the survivors, which lose no step. A growth waits for such a report."""
+    return agreed.unwind or (agreed.grow and (agreed.checkpoint or agreed.some_part or kept))

@@ -27,8 +27,8 @@ from elastic_train.worker.intake import take
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import pipelines
-from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
+from elastic_train.worker.report_barrier import Agreed, pipelines
+from elastic_train.worker.report_plan import Carries, ReportPlan, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
 from elastic_train.worker.step_clock import StepClock
 from elastic_train.worker.storing import PartStoring
@@ -113,10 +113,15 @@ class TrainSession:
                         plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
         made = Made(report, held, live, self._lockstep.stepped())
         previous, pipelined = self._lockstep.confirm(made), pipelines()
-        if plan.goes_on(self._host.unwind_due(self.index), previous, pipelined):
+        if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelined):
             self._lockstep.go_on(made)
             return
-        agreed = self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store))
+        agreed = self._agree(made, plan)
+        if generation != self.context.assignment.generation:  # the barrier failed; it passed in place
+            generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
+            report.generation = generation
+            if held is not None:
+                held.generation, held.rank = generation, rank
         after = after_barrier(plan, agreed, previous=previous, pipelined=pipelined,
                               leaving_here=self._leaving_at == self.index, rank=rank)
         if after.drops_kept:
@@ -139,7 +144,7 @@ class TrainSession:
                 self._storing.skipped(PartUpload(generation, self.index, {}, dir_name=dir_name)
                                       if after.keeps_unstored else None, live)
             if after.unwind:
-                raise GenerationEnded()
+                self._leave_report()
             return
         self._host.flush_reports(self._setup.settle_timeout_s)  # the reports before this one are recorded first
         reply = self._host.supervisor.report.remote(self.worker_id, report)
@@ -148,6 +153,21 @@ class TrainSession:
         if plan.waits_commit:
             self._storing.wait_committed(self.index)
         if after.unwind or (after.together and unwind):
+            self._leave_report()
+
+    def _agree(self, made: Made, plan: ReportPlan) -> Agreed:
+        """The report's barrier; where it fails (a peer lost), again in the group re-formed in place."""
+        while True:
+            try:
+                return self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store))
+            except (PeerLost, GenerationEnded):
+                if not self.go_on_in_place("report"):
+                    raise
+
+    def _leave_report(self) -> None:
+        """Every rank leaves the group at this report (it re-forms: a peer leaves, or newcomers join):
+        the loop goes on in place if the next generation allows, else it unwinds."""
+        if not self.go_on_in_place("leave"):
             raise GenerationEnded()
 
     def reduced(self) -> None:
@@ -162,18 +182,20 @@ class TrainSession:
         """May the loop go on in place when a peer is lost during its step (ElasticConfig.recover_in_place)?"""
         return self._setup.recover_in_place
 
-    def go_on_in_place(self) -> bool:
-        """A collective of the step's gradient reduction failed (torch/reduction.py): park inside the
-        loop and go on in the next generation if it re-forms in place. The context then answers the
-        new place, and the prepared loaders re-shard the rest of the epoch over it, with the shares
-        the lost ranks did not complete. False: the loop must unwind and is entered afresh: always in
-        a loop with no prepared loader (it shards its data by the rank and world size it read
-        before), or when a report that went on did not pass its barrier everywhere."""
-        if not self._loaders or not self._lockstep.passed_so_far():
+    def go_on_in_place(self, at: str) -> bool:
+        """The group must re-form under the loop, which stands `at` (protocol.py `Position`): a
+        collective of the step's gradient reduction (torch/reduction.py) or one of DDP's own
+        (torch/elastic_group.py) failed, the barrier of a report failed, or every rank leaves the group
+        at this report. Park inside the loop and go on in the next generation if it re-forms in place. The
+        context then answers the new place, and the prepared loaders re-shard the rest of the epoch
+        over it, with the shares the lost ranks did not complete. False: the loop must unwind and is
+        entered afresh: always in a loop with no prepared loader (it shards its data by the rank and
+        world size it read before), or when a report that went on did not pass its barrier everywhere."""
+        if not self.recovers_in_place or not self._loaders or not self._lockstep.passed_so_far():
             return False
         index, steps = self._reduced
         before = self.context.assignment
-        place = self._host.reform(Position(self.index, steps if index == self.index else 0))
+        place = self._host.reform(Position(self.index, steps if index == self.index else 0, at))
         if place is None:
             return False
         self.context.assignment = place

@@ -3,6 +3,7 @@ and the invariants checked after the faults."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -29,7 +30,11 @@ def chaos_trainer(run_dirs: dict, workers: int | tuple[int, int], *, step_time: 
                   fault: dict | None = None, end_at_world: int = 0) -> et.TorchTrainer:
     """The invariant loop's trainer; with `live_state`, a loop with no checkpoint (its SGD has momentum:
     the optimizer's state must survive too); with `end_at_world`, a loop that ends only at that world
-    size (it waits at its end, reporting, for a growth)."""
+    size (it waits at its end, reporting, for a growth). The loop scales its loss by the world size
+    it read before its loop, and its checks assume one world-independent sequence of global batches:
+    every recovery re-enters it (`recover_in_place=False`; tests/test_in_place.py covers going on in
+    place)."""
+    elastic = dataclasses.replace(elastic or et.ElasticConfig(), recover_in_place=False)
     return et.TorchTrainer(
         invariant_loop,
         train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": EPOCHS, "global_batch": GLOBAL_BATCH,
