@@ -6,7 +6,8 @@ saves model (through `model.module`), optimizer and epoch at the end of each epo
 `checkpoint_every` steps) and every rank reports; a resumed loop goes on from the checkpoint's epoch.
 No state kept live. Options: a BatchNorm layer (DDP broadcasts rank 0's buffers before each forward),
 a layer no step uses (`find_unused_parameters=True`), gradient accumulation over `accumulate` batches
-(`no_sync` for all but the last; every epoch's batch count a multiple of it). Every rank logs each step it completed: its epoch, its step within the epoch, its
+(`no_sync` for all but the last; every epoch's batch count a multiple of it), a report of metrics
+alone after each step (`report_every_step`). Every rank logs each step it completed: its epoch, its step within the epoch, its
 generation, rank, world size and the sample ids of each batch of the step.
 
 `replay`: the parameters a correct run ends with, recomputed in this process from what the ranks
@@ -103,6 +104,8 @@ def guide_loop(config: dict) -> None:
             optimizer.zero_grad()
             time.sleep(config.get("step_time", 0.0))
             step, drawn = step + 1, []
+            if config.get("report_every_step"):  # metrics alone
+                et.report({"epoch": epoch, "step": step, "loss": loss.item()})
             if every and step % every == 0:
                 _report(model, optimizer, epoch, {"epoch": epoch, "step": step, "loss": loss.item()}, config, point,
                         last=False)

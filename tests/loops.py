@@ -34,7 +34,7 @@ def read_progress(log_dir: str | Path) -> list[dict]:
 
 def fault_once(config: dict, step: int, rank: int, point: str = "step_start", generation: int | None = None) -> None:
     """Inject each configured fault once. `config["fault"]` is one fault or a list of them:
-    {"kind": "kill"|"stop"|"raise"|"hang", "rank", "point", and "at_step" or "at_generation"}. "hang"
+    {"kind": "kill"|"stop"|"term"|"raise"|"hang", "rank", "point", and "at_step" or "at_generation"}. "hang"
     blocks the loop for good while the process (and its heartbeat thread) stays alive. The first
     fault's record is fault.json, the n-th's fault-n.json."""
     faults = config.get("fault") or []
@@ -55,7 +55,7 @@ def _inject(fault: dict, marker: Path, step: int) -> None:
         raise ValueError(f"injected user error at step {step}")
     if fault["kind"] == "hang":
         threading.Event().wait()
-    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}[fault["kind"]])
 
 
 def linear_regression_loop(config: dict) -> None:

@@ -89,3 +89,13 @@ def test_a_worker_stopped_mid_step_is_dropped_and_the_survivor_goes_on(local_ray
     result, config = run(run_dirs, (1, 2), {"kind": "stop", "rank": 1, "at_step": 103},
                          elastic=ElasticConfig(**FAST_DETECTION))
     check_run(result, run_dirs["log_dir"], config, ["in place"])
+
+
+@pytest.mark.timeout(240)
+def test_a_preemption_notice_the_survivor_goes_on_from_the_report_where_the_worker_leaves(local_ray, run_dirs):
+    """SIGTERM to rank 1 mid-epoch, in a loop that reports metrics every step and a checkpoint every
+    epoch: every rank leaves the group at the next report, which carries no checkpoint; the survivor
+    goes on from there rather than from the epoch's checkpoint."""
+    result, config = run(run_dirs, 2, {"kind": "term", "rank": 1, "at_step": 103}, report_every_step=True,
+                         elastic=ElasticConfig(preemption_sigterm_grace_s=5.0))
+    check_run(result, run_dirs["log_dir"], config, ["in place"])

@@ -45,9 +45,10 @@ FIXED_2, ELASTIC_1_2 = ScalingConfig(num_workers=2), ScalingConfig(num_workers=(
 NO_LOSS_COUNT, LOSS_COUNTS = FailureConfig(max_failures=3), FailureConfig(max_failures=3, count_worker_loss=True)
 
 
-def _running(members, resizing=False, standby=0, scaling=FIXED_2, failure=NO_LOSS_COUNT, counted=False):
+def _running(members, resizing=False, standby=0, scaling=FIXED_2, failure=NO_LOSS_COUNT, counted=False,
+             in_place=False):
     return policy.running(members, resizing=resizing, standby=standby, scaling=scaling, failure=failure,
-                          error_counted=counted)
+                          error_counted=counted, in_place=in_place)
 
 
 @pytest.mark.timeout(10)
@@ -428,3 +429,22 @@ def test_a_fixed_size_run_goes_on_below_its_size_in_place_while_its_replacement_
     nobody = policy.restarting([Member(0, 0, lost=True)], parked=0, waited_s=0.2, drain_timeout_s=30,
                                scaling=FIXED_2, error_counted=False, in_place=True)
     assert nobody.do is Do.SCHEDULE
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("at, newest, join", [
+    (Position(8, 0, "leave"), 8, True),  # every rank left at the report that made the newest checkpoint
+    (Position(9, 0, "leave"), 8, False),  # a report of metrics alone: the survivors would redo a step
+    (Position(8, 3), 8, False),  # mid-step
+    (Position(8, 0, "report"), 8, False),
+    (Position(8, 0, "leave"), None, False),
+])
+def test_newcomers_join_survivors_only_where_everyone_starts_from_the_report_just_made(at, newest, join):
+    assert policy.newcomers_join(at, newest) is join
+
+
+@pytest.mark.timeout(10)
+def test_a_fixed_size_run_whose_worker_leaves_goes_on_in_place_while_its_replacement_starts():
+    members = [Member(0, 0, Exit.UNWOUND), Member(1, 1, Exit.UNWOUND, leaving=True)]
+    assert _running(members, resizing=True, standby=0, scaling=FIXED_2, in_place=True).do is Do.OPEN
+    assert _running(members, resizing=True, standby=0, scaling=FIXED_2).do is Do.SCHEDULE

@@ -189,9 +189,11 @@ class Controller:
                 scaling=self._scaling, elastic=self._elastic), parked)
         elif self._state.training:
             standby = [w for w in self._standby() if not w.leaving]
+            staying = [w for w in self.members() if not w.leaving]
             self._carry_out(policy.running(
                 self._views(), resizing=self._state is RunState.RESIZING, standby=len(standby), scaling=self._scaling,
-                failure=self._failure, error_counted=self._generation in self._counted),
+                failure=self._failure, error_counted=self._generation in self._counted,
+                in_place=self._in_place(staying) is not None),
                 [w for w in self.members() if not w.leaving] + standby)
         elif self._state is RunState.RESTARTING:
             ready = self._ready()
@@ -306,6 +308,13 @@ class Controller:
         self._transition(RunState.ERRORED)
 
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
+        survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
+        at = self._in_place(survivors)
+        if at is not None and len(survivors) < len(candidates):
+            newest = policy.resume_from(self.ledger.resume_plan({w.worker_id for w in candidates}, self.roster.holds()),
+                                        self.commits.newest)
+            if not policy.newcomers_join(at, newest.index if newest else None):
+                candidates = survivors  # they go on in place; the newcomers join at a report with a checkpoint
         plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
                                self._elastic.replicate_checkpoints)
         records = {w.worker_id: w for w in candidates}

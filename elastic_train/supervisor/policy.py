@@ -125,8 +125,10 @@ def _user_error(members: list[Member], counted: bool) -> str | None:
 
 
 def running(members: list[Member], *, resizing: bool, standby: int, scaling: ScalingConfig,
-            failure: FailureConfig, error_counted: bool) -> Decision:
-    """The current generation runs (or unwinds for a resize): what its members' state means."""
+            failure: FailureConfig, error_counted: bool, in_place: bool = False) -> Decision:
+    """The current generation runs (or unwinds for a resize): what its members' state means.
+    `in_place`: the members that stay parked inside their loops, at one position: they go on even
+    below the minimum (see `restarting`)."""
     exits = [m.exit for m in members if m.exit is not None]
     lost = [m for m in members if m.lost]
     if Exit.FINISHED in exits and all(m.exit is Exit.FINISHED or m.lost for m in members):
@@ -140,7 +142,7 @@ def running(members: list[Member], *, resizing: bool, standby: int, scaling: Sca
         if not all(e is Exit.UNWOUND for e in exits) or len(exits) < len(members):
             return Decision(Do.WAIT)
         staying = sum(not m.leaving for m in members) + standby
-        if staying >= scaling.min_workers:
+        if staying >= scaling.min_workers or (in_place and staying):
             return Decision(Do.OPEN, "resized")
         return Decision(Do.SCHEDULE, "below min workers once the leaving workers left")
     if standby and len(members) < scaling.max_workers:
@@ -211,6 +213,15 @@ def in_place(positions: list[Position | None]) -> Position | None:
     if not positions or any(p is None for p in positions) or len(set(positions)) != 1:
         return None
     return positions[0]
+
+
+def newcomers_join(at: Position, newest: int | None) -> bool:
+    """Do newcomers join survivors that could go on in place at `at`? Only where the newest
+    checkpoint was made at that very report, every rank leaving the group after it: every rank then
+    starts from it and loses nothing (a newcomer has no state to go on from mid-step, and joining
+    survivors past their last checkpoint would make them redo the steps since). Otherwise the
+    survivors go on alone, and the newcomers join at a report that carries a checkpoint."""
+    return at.at == "leave" and at.steps == 0 and newest == at.index
 
 
 def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],

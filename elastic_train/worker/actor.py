@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ import torch.distributed as dist
 from elastic_train.config import CheckpointConfig, ElasticConfig
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Position, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
-from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.errors import GenerationEnded, PeerLost, StorageError
+from elastic_train.errors import GenerationEnded, PeerLost
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
-from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
+from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.worker.context import RunInfo, TrainContext
@@ -40,6 +38,7 @@ from elastic_train.worker.host import SessionSetup
 from elastic_train.worker.memory import CheckpointMemory, Part
 from elastic_train.worker.resume import part_to_store
 from elastic_train.worker.session import TrainSession, set_session
+from elastic_train.worker.uploads import Uploads
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +89,8 @@ class TrainWorker:
         self._next: Assignment | Stop | None = None  # given while parked inside the loop, which then unwound
         self._stopped = threading.Event()
         self._ended = threading.Event()
-        self._persister = Persister(self._upload, self._upload_given_up, self._storage_failed,
-                                    spec.elastic.max_queued_uploads)
+        self._uploads = Uploads(worker_id, supervisor, spec.storage, spec.elastic, self._reports.flush,
+                                lambda: self._assignment)
         elastic = spec.elastic
         self._notices = NoticeWatcher(
             self._on_preemption_notice,
@@ -225,7 +224,7 @@ class TrainWorker:
         finally:
             heartbeat.stop()
             self._notices.stop()
-            self._persister.close(self._spec.elastic.drain_timeout_s)
+            self._uploads.close()
             self._replicator.close()
             self._reports.close()
             self._stopped.set()
@@ -287,7 +286,7 @@ class TrainWorker:
         # Chosen to be stored, but its report's barrier failed before any rank stored it: its holders store it now.
         resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
         if resumed is not None:
-            self._persister.submit(resumed)
+            self._uploads.submit(resumed)
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
                                             self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
@@ -321,7 +320,7 @@ class TrainWorker:
             else:
                 returned = self._spec.train_fn(self._spec.train_config)
             session.finish()
-            self._flush_last_checkpoint(session)
+            self._uploads.store_now(session.unstored(), "the last checkpoint")  # whatever the cadence
             place = session.context.assignment
             return Outcome.finished(place.generation, returned if place.rank == 0 else None)
         except PeerLost:
@@ -362,50 +361,14 @@ class TrainWorker:
     def _on_generation_ended(self, generation: int) -> None:
         if self._generation == generation:
             self._ended.set()
-            self._persister.interrupt()  # a report waiting for upload room unwinds
+            self._uploads.interrupt()
             self._group.abort(generation)
-
-    def _flush_last_checkpoint(self, session: TrainSession) -> None:
-        """The loop returned: its last checkpoint goes to storage before the run ends, whatever the cadence."""
-        part = session.unstored()
-        if part is not None:
-            self._persister.submit(part)
-        timeout = self._spec.elastic.persist_flush_timeout_s
-        if not self._persister.flush(timeout):
-            logger.warning("the last checkpoint did not reach storage within persist_flush_timeout_s=%ss", timeout)
 
     def _flush_on_stop(self, stop: Stop) -> None:
         """Store this worker's share of the checkpoint that a failed run leaves behind."""
         part = part_to_store(stop.flush, self.worker_id, self.read_checkpoint, final=True)
-        if part is None:
-            return
-        self._persister.submit(part)
-        self._persister.flush(self._spec.elastic.persist_flush_timeout_s)
-
-    # -- the persister's callbacks (its thread) -------------------------------------------------
-    def _upload(self, part: PartUpload) -> None:
-        """Store a part into its generation's own folder; a part that a newer generation made
-        obsolete while it waited is dropped instead (see `persister.obsolete`)."""
-        place = self._assignment
-        if obsolete(part, place):
-            raise PartObsolete(f"generation {place.generation} resumed at checkpoint "
-                                 f"{place.resume.index if place.resume else 0} and reports index {part.index} again")
-        began = time.monotonic()
-        reported = facts_made(part.files, part.facts)
-        facts = self._spec.storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name,
-                                              facts=reported)
-        upload_s = time.monotonic() - began
-        # Its report first (the supervisor knows no checkpoint before a report of it), sent in the
-        # background when no round trip decided the storing (session.py).
-        self._reports.flush(self._spec.elastic.persist_flush_timeout_s)
-        # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
-        ray.get(self._supervisor.part_stored.remote(self.worker_id, part.generation, part.index, facts, upload_s))
-
-    def _upload_given_up(self, part: PartUpload, error: Exception) -> None:
-        self._supervisor.persist_given_up.remote(self.worker_id, part.generation, part.index, str(error))
-
-    def _storage_failed(self, part: PartUpload, error: StorageError) -> None:
-        self._supervisor.storage_failed.remote(self.worker_id, str(error))
+        if part is not None:
+            self._uploads.store_now(part, "the run's last checkpoint")
 
 
 class _Host:
@@ -420,7 +383,7 @@ class _Host:
         self.reform = worker._reform
 
     def store(self, part: PartUpload) -> float | None:
-        return self._worker._persister.submit(part, cancelled=self._worker._ended.is_set)
+        return self._worker._uploads.submit(part, cancelled=self._worker._ended.is_set)
 
     def unwind_due(self, index: int) -> bool:
         return self._worker._unwind_due(self._worker._assignment.generation, index)
