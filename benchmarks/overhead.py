@@ -16,6 +16,9 @@ writes them to a file in the run's log folder when the loop ends. Variants:
   (MASTER_ADDR / MASTER_PORT on a free port), `DistributedDataParallel`; no report.
 * `elastic_train`: `TorchTrainer` with `ScalingConfig(num_workers=2)` on a fresh Ray instance,
   `prepare_model`, and `report(metrics)` every step on every rank.
+* `elastic_train+reentry`: the same with `ElasticConfig(recover_in_place=False)`: DDP without the
+  comm hook and the process group that let a loop go on in place (torch/reduction.py,
+  torch/elastic_group.py); next to `elastic_train`, what they cost.
 * `elastic_train+checkpoint`: the same, and a checkpoint every step: rank 0 torch.saves model +
   optimizer state into a temporary directory and reports `Checkpoint.from_directory`, the other
   rank reports metrics only.
@@ -75,7 +78,7 @@ NUM_WORKERS = 2
 SKIP_STEPS = 5
 BASELINE = "plain_ddp"
 CHECKPOINT_EVERY = 10  # the sparse-checkpoint variant's interval (issue 14's target: >= 0.95 of plain DDP)
-SYSTEMS = (BASELINE, "elastic_train", "elastic_train+checkpoint", f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
+SYSTEMS = (BASELINE, "elastic_train", "elastic_train+reentry", "elastic_train+checkpoint", f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
            f"elastic_train+live/{CHECKPOINT_EVERY}", "elastic_train+kept", "torchft")
 
 Report = Callable[[int, dict[str, float]], None]
@@ -156,6 +159,7 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
                     elastic_loop, train_loop_config=config,
                     scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS),
                     run_config=et.RunConfig(storage_path=str(workdir / "storage"), name="overhead",
+                                            elastic_config=et.ElasticConfig(recover_in_place="+reentry" not in system),
                                             checkpoint_config=et.CheckpointConfig(
                                                 persist_every_n_reports=every if config["live"] else None)),
                 ).fit()

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 SHOWN = {  # event kind -> how verbosity 1 shows it; other kinds at verbosity 2
     "generation": lambda e: (f"generation {e['generation']}: world size {e['world_size']}, "
                              + ("adopted by the restarted supervisor" if e.get("adopted") else
+                                f"the loops went on in place after report {e['resume_index']}"
+                                if e.get("resume_from") == "in place" else
                                 f"resumed from {e['resume_from']} at report {e['resume_index']}"
                                 if e.get("resume_from") else "from the start")),
     "worker_lost": lambda e: (f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost, "

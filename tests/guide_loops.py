@@ -63,7 +63,8 @@ def new_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def guide_loop(config: dict) -> None:
-    """config: epochs, step_time, fault (tests/loops.py `fault_once`, `at_step` = epoch * 100 + step),
+    """config: epochs, step_time, fault (tests/loops.py `fault_once`, `at_step` = epoch * 100 + step, or
+    epoch * 100 + 99 for the epoch's report),
     log_dir; checkpoint_every (steps; default: once an epoch)."""
     import time
 
@@ -109,8 +110,8 @@ def guide_loop(config: dict) -> None:
             if every and step % every == 0:
                 _report(model, optimizer, epoch, {"epoch": epoch, "step": step, "loss": loss.item()}, config, point,
                         last=False)
-        if not every:
-            _report(model, optimizer, epoch, {"epoch": epoch, "loss": loss.item()}, config, epoch * 100 + step,
+        if not every:  # the epoch's report: fault point epoch * 100 + 99, whatever its steps
+            _report(model, optimizer, epoch, {"epoch": epoch, "loss": loss.item()}, config, epoch * 100 + 99,
                     last=True)
 
 
@@ -134,17 +135,17 @@ def _report(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int
 
 
 def completed_steps(log_dir: str) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """Each step of the run's lineage, by (epoch, step): the ranks' records of its latest computation."""
+    """Each step of the run's lineage, by (epoch, step): the ranks' records of it. A generation's
+    first step supersedes the older generations' records from that step on: a loop entered afresh
+    from a checkpoint did them again (a loop that went on in place had none there)."""
+    records = [p for p in read_progress(log_dir) if "batches" in p]
     steps: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for p in read_progress(log_dir):
-        if "batches" not in p:
-            continue
-        key = (p["epoch"], p["step"])
-        if key in steps and steps[key][0]["generation"] != p["generation"]:
-            if steps[key][0]["generation"] > p["generation"]:
-                continue
-            steps[key] = []  # redone after a re-entry: the latest computation counts
-        steps.setdefault(key, []).append(p)
+    for generation in sorted({p["generation"] for p in records}):
+        mine = [p for p in records if p["generation"] == generation]
+        first = min((p["epoch"], p["step"]) for p in mine)
+        steps = {key: kept for key, kept in steps.items() if key < first}
+        for p in mine:
+            steps.setdefault((p["epoch"], p["step"]), []).append(p)
     return steps
 
 

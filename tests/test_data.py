@@ -63,7 +63,7 @@ def test_a_loader_going_on_in_place_owes_the_lost_ranks_unreduced_shares_and_use
         used += [i for epoch in epochs for i in next(epoch).tolist()]
         if (step + 1) % draws == 0:
             for loader in loaders:
-                loader.reduced()
+                loader.trained()
     drawn = [next(epoch).tolist() for epoch in epochs for _ in range(draws)]  # a step whose reduction fails
     survivor = 1 - lost
     kept = [i for n, batch in enumerate(drawn) if n // draws == survivor for i in batch]

@@ -15,21 +15,25 @@ from elastic_train.config import ElasticConfig
 from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.events import read_events
 from tests.guide_loops import SAMPLES, completed_steps, final_state, guide_loop, replay
-from tests.helpers import make_trainer
-from tests.loops import read_progress
+from chaos import schedules
+from chaos.harness import ChaosRunner
+from tests.chaos.scenario import attach
+from tests.helpers import fit_in_background, make_trainer
+from tests.loops import read_progress, sample_counting_loop
 from tests.patterns import FAST_DETECTION
 
 EPOCHS = 6
 
 
-def check_run(result, log_dir: str, config: dict, paths: list[str]) -> None:
+def check_run(result, log_dir: str, config: dict, paths: list[str] | None) -> None:
     """The run finished every epoch through the recovery `paths` took (GenerationOpened.resume_from
-    after the first), every sample of each epoch used once, no process computed a step twice, and it
-    ends with a fault-free run's state through the same steps."""
+    after the first; None: any), every sample of each epoch used once, no process computed a step
+    twice, and it ends with a fault-free run's state through the same steps."""
     assert result.error is None, result.error
-    assert result.metrics["epoch"] == EPOCHS - 1
+    epochs = config["epochs"]
+    assert result.metrics["epoch"] == epochs - 1
     steps = completed_steps(log_dir)
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         used = [i for (e, _), records in steps.items() if e == epoch for r in records for b in r["batches"] for i in b]
         assert sorted(used) == list(range(SAMPLES)), f"epoch {epoch}: a sample was skipped or used twice"
     by_process: dict[int, list[tuple[int, int]]] = {}
@@ -39,13 +43,13 @@ def check_run(result, log_dir: str, config: dict, paths: list[str]) -> None:
     for pid, done in by_process.items():
         assert done == sorted(set(done)), f"process {pid} redid a step: {done}"
     opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
-    assert [g.resume_from for g in opened][1:len(paths) + 1] == paths, opened
+    assert paths is None or [g.resume_from for g in opened][1:len(paths) + 1] == paths, opened
     expected = replay(log_dir, config)
     for name, value in final_state(result).items():
         torch.testing.assert_close(value, expected[name], rtol=1e-9, atol=1e-12)
 
 
-def run(run_dirs: dict, scaling, fault: dict, elastic: ElasticConfig | None = None, **options):
+def run(run_dirs: dict, scaling, fault: dict | list[dict], elastic: ElasticConfig | None = None, **options):
     config = {"epochs": EPOCHS, "step_time": 0.1, "fault": fault, **options}
     return make_trainer(run_dirs, scaling, guide_loop, elastic=elastic, **config).fit(), config
 
@@ -73,13 +77,14 @@ def test_batch_norm_unused_parameters_and_accumulation_a_worker_killed_before_th
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("point", ["saving", "report"])
-def test_a_worker_killed_at_a_report_the_survivor_agrees_it_alone(local_ray, run_dirs, point):
-    """Rank 0 killed while saving the epoch's checkpoint (lost: the next epoch's is saved by the
-    survivor, rank 0 now), or rank 1 as it calls report(): the survivor's report barrier passes in place."""
-    rank = 0 if point == "saving" else 1
-    result, config = run(run_dirs, 2, {"kind": "kill", "rank": rank, "at_step": 108, "point": point})
-    check_run(result, run_dirs["log_dir"], config, ["in place"])
+def test_workers_killed_at_reports_the_survivor_agrees_each_alone(local_ray, run_dirs):
+    """Rank 0 killed while saving epoch 1's checkpoint (lost: the next is saved by the survivor, rank 0
+    now), then, once the replacement joined, rank 1 as it calls epoch 4's report(): each time the
+    survivor's report barrier passes in place."""
+    faults = [{"kind": "kill", "rank": 0, "at_step": 199, "point": "saving"},
+              {"kind": "kill", "rank": 1, "at_step": 499, "point": "report"}]
+    result, config = run(run_dirs, 2, faults)
+    check_run(result, run_dirs["log_dir"], config, ["in place", "memory", "in place"])
 
 
 @pytest.mark.timeout(240)
@@ -99,3 +104,41 @@ def test_a_preemption_notice_the_survivor_goes_on_from_the_report_where_the_work
     result, config = run(run_dirs, 2, {"kind": "term", "rank": 1, "at_step": 103}, report_every_step=True,
                          elastic=ElasticConfig(preemption_sigterm_grace_s=5.0))
     check_run(result, run_dirs["log_dir"], config, ["in place"])
+
+
+@pytest.mark.timeout(300)
+def test_random_workers_killed_from_outside_every_few_seconds(local_ray, run_dirs):
+    """The chaos harness SIGKILLs a random worker every 3 s (once two train again: the lone survivor's
+    death would start the run over from storage), wherever its loop stands; the survivor goes on in
+    place each time, and the replacement joins at an epoch's checkpoint."""
+    config = {"epochs": 10, "step_time": 0.1, "log_dir": run_dirs["log_dir"]}
+    join = fit_in_background(make_trainer(run_dirs, (1, 2), guide_loop, **config))
+    ctx = attach(run_dirs, 2)
+
+    def two_train(since: float) -> bool:
+        latest = [p for p in read_progress(run_dirs["log_dir"]) if "batches" in p][-2:]
+        return len(latest) == 2 and all(p["world"] == 2 and p["time"] > since for p in latest)
+
+    runner = ChaosRunner(ctx, schedules.every(3.0, 2), fault="sigkill", target="random", seed=1,
+                         ready=two_train).start()
+    result = join(240)
+    runner.stop()
+    assert len([e for e in ctx.log.entries if e["kind"] == "sigkill"]) == 2
+    check_run(result, run_dirs["log_dir"], config, None)
+    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
+    assert [g.resume_from for g in opened].count("in place") == 2, opened
+
+
+@pytest.mark.timeout(240)
+def test_a_loop_without_ddp_whose_peer_dies_before_its_report_goes_on_in_place(local_ray, run_dirs):
+    """tests/loops.py `sample_counting_loop`: no DDP, its own `dist.all_reduce` of each step's sample
+    counts, a checkpoint every step. Rank 1 dies after its step's all-reduce, before its report: the
+    survivor's report barrier passes in place and the batch it just trained is not owed again."""
+    config = {"samples": 48, "epochs": 3, "global_batch_size": 8, "step_time": 0.05,
+              "fault": {"kind": "kill", "rank": 1, "at_step": 7, "point": "before_report"}}
+    result = make_trainer(run_dirs, (1, 2), sample_counting_loop, **config).fit()
+    assert result.error is None, result.error
+    assert result.metrics == {"step": 18, "epoch": 2}
+    assert result.checkpoint.to_dict()["counts"].tolist() == [3.0] * 48, "a sample was skipped or repeated"
+    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
+    assert opened[1].resume_from == "in place", opened

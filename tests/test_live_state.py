@@ -112,13 +112,16 @@ def test_a_report_whose_sender_died_is_made_by_all_when_the_generation_closes():
 
 
 def _counting_trainer(run_dirs: dict, fault: dict, persist_every: int | None) -> et.TorchTrainer:
+    """These tests are of the live parts a re-entered loop resumes from: every recovery re-enters it
+    (`recover_in_place=False`; a loop going on in place resumes from nothing: tests/test_in_place.py)."""
     config = {"log_dir": run_dirs["log_dir"], "samples": 48, "epochs": 3, "global_batch_size": 8, "step_time": 0.1,
               "fault": fault}
     return et.TorchTrainer(
         sample_counting_loop, train_loop_config=config,
         scaling_config=et.ScalingConfig(num_workers=(1, 2)),
         run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run",
-                                checkpoint_config=et.CheckpointConfig(persist_every_n_reports=persist_every)),
+                                checkpoint_config=et.CheckpointConfig(persist_every_n_reports=persist_every),
+                                elastic_config=et.ElasticConfig(recover_in_place=False)),
     )
 
 

@@ -90,7 +90,7 @@ class ElasticDataLoader:
         self._per_rank_batch = per_rank_batch  # None: the global batch is fixed (`global_batch_size`)
         self._epoch, self._position, self._owed = 0, 0, []
         self._started = False
-        self._drawn: list[list[int]] = []  # global batches drawn since the step's gradients were last reduced
+        self._drawn: list[list[int]] = []  # global batches drawn since every rank last trained all drawn
         self._reshard = False
 
     @property
@@ -115,13 +115,13 @@ class ElasticDataLoader:
             state["owed"] = list(self._owed)
         return state
 
-    def reduced(self) -> None:
-        """The step's gradients were reduced: every batch drawn so far was trained (a loop draws a
-        batch for its step, not ahead of the step's backward)."""
+    def trained(self) -> None:
+        """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
+        was made (a loop draws a batch for its step, not ahead of the step's backward)."""
         self._drawn.clear()
 
     def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
-        """Go on as `rank` of `world_size`: the samples of the batches drawn since the last reduction
+        """Go on as `rank` of `world_size`: the samples of the batches drawn since the last `trained`
         that only the `lost` ranks held come first in the rest of the epoch."""
         self._owed = untrained(self._drawn, lost, old_world_size) + self._owed
         self._drawn.clear()

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
+from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import TrainSession
 
@@ -90,3 +91,13 @@ class ElasticGroup(dist.ProcessGroup):
                             dist.get_world_size())
                 for tensor, saved in zip(changed, before):
                     tensor.copy_(saved)
+
+
+class ElasticDDP(DistributedDataParallel):
+    """DDP on an `ElasticGroup`. Copied or pickled (`copy.deepcopy(model)`, as Ray's own linear example
+    does to keep the validated model) as DDP on the default group is: the copy is DDP on the current
+    generation's default group."""
+
+    def _check_default_group(self) -> None:
+        if not isinstance(self.process_group, ElasticGroup):
+            super()._check_default_group()

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elastic_train.torch.elastic_group import ElasticGroup
+from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
 from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
 
@@ -86,7 +86,7 @@ def prepare_model(
     if session is None or not session.recovers_in_place or dist.get_backend() != "gloo" or "process_group" in kwargs:
         return DistributedDataParallel(model, **kwargs)
     # A peer lost under the loop: DDP's collectives and the step's reduction complete on the survivors.
-    wrapped = DistributedDataParallel(model, process_group=ElasticGroup(session), **kwargs)
+    wrapped = ElasticDDP(model, process_group=ElasticGroup(session), **kwargs)
     StepReduction(session).register(wrapped)
     return wrapped
 

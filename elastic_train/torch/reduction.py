@@ -45,6 +45,10 @@ class StepReduction:
     def register(self, ddp: DistributedDataParallel) -> None:
         ddp.register_comm_hook(None, self._hook)
 
+    def __deepcopy__(self, memo: dict) -> StepReduction:
+        """A copy of the model (`copy.deepcopy(ddp)`) shares this service: it holds the loop's session."""
+        return self
+
     def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations as objects, not strings
         """DDP's comm hook: (state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]."""
         del state

@@ -271,7 +271,12 @@ class TrainWorker:
         if not isinstance(place, Assignment) or place.previous_ranks is None:
             self._next = place if place is not None else Stop("the supervisor is gone")
             return None
-        self._enter(place)
+        try:
+            self._enter(place)
+        except Exception:  # noqa: BLE001 - a peer vanished during rendezvous: the loop unwinds, and parks again
+            logger.warning("worker %d could not join generation %d in place", self.worker_id, place.generation,
+                           exc_info=True)
+            return None
         logger.info("worker %d goes on in place in generation %d as rank %d/%d", self.worker_id, place.generation,
                     place.rank, place.world_size)
         return place

@@ -41,12 +41,13 @@ class StatefulLoader(Protocol):
 
     def loader_state(self) -> dict[str, Any]: ...
 
-    def reduced(self) -> None:
-        """The step's gradients were reduced: the batches drawn so far were used whole."""
+    def trained(self) -> None:
+        """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
+        (which follows the step's collectives) was made."""
 
     def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
         """The loop goes on in place as `rank` of `world_size`: re-shard the rest of the epoch, with the
-        shares the `lost` ranks (of `old_world_size`) did not complete since the last reduction."""
+        shares the `lost` ranks (of `old_world_size`) did not complete since the last `trained`."""
 
 
 class TrainSession:
@@ -93,6 +94,8 @@ class TrainSession:
                 pace: Pace) -> None:
         """Apply the report's plans (report_plan.py)."""
         self._resume.check_loaded(self._kept is not None, self._restored_loaded)
+        for loader in self._loaders:
+            loader.trained()
         self.index += 1
         generation, rank = self.context.assignment.generation, self.context.assignment.rank
         plan = plan_report(checkpoint=checkpoint is not None, in_memory=checkpoint is not None and checkpoint.in_memory,
@@ -175,7 +178,7 @@ class TrainSession:
         index, steps = self._reduced
         self._reduced = (self.index, steps + 1 if index == self.index else 1)
         for loader in self._loaders:
-            loader.reduced()
+            loader.trained()
 
     @property
     def recovers_in_place(self) -> bool:

@@ -30,7 +30,7 @@ class Uploads:
         self._flush_reports, self._place = flush_reports, place
         self._persister = Persister(self._upload, self._given_up, self._failed, elastic.max_queued_uploads)
 
-    def submit(self, part: PartUpload, cancelled: Callable[[], bool] | None = None) -> float | None:
+    def submit(self, part: PartUpload, cancelled: Callable[[], bool] = lambda: False) -> float | None:
         """Queue `part` (persister.py `Persister.submit`)."""
         return self._persister.submit(part, cancelled=cancelled)
 
