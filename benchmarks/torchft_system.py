@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from benchmarks.common import WIDTH, _kill_if_due, build_model, free_port, train_step
+from benchmarks.common import WIDTH, _kill_if_due, batch, build_model, free_port, train_step
 
 LIGHTHOUSE = str(Path(sys.executable).parent / "torchft_lighthouse")
 PATCH = "torchft 0.2.0's DDP comm hook patched (else a peer's SIGKILL kills the survivor on gloo)"
@@ -87,7 +87,8 @@ class Replica:
             if replica == 1 and config.get("kills"):
                 _kill_if_due(log, step, config["kills"], config["kill_every"])
             began = time.time()
-            train_step(ddp, ft_optimizer, step, replica, config["step_time"], config.get("width", WIDTH))  # zero_grad starts the quorum
+            x = batch(step, replica, config.get("width", WIDTH))
+            train_step(ddp, ft_optimizer, x, config["step_time"])  # zero_grad starts the quorum
             committed = manager.current_step() == step
             record = {"start": began, "time": time.time(), "pid": os.getpid(), "step": step}
             if committed:

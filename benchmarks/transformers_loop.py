@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import _kill_if_due, build_model
+from benchmarks.common import BATCH, _kill_if_due, build_model
 
-BATCH = 32  # per worker and step, as benchmarks.common.train_step
 FEATURES = 64
 
 

@@ -98,6 +98,15 @@ class ElasticDDP(DistributedDataParallel):
     does to keep the validated model) as DDP on the default group is: the copy is DDP on the current
     generation's default group."""
 
+    user_comm_hook = False  # the loop registered a comm hook of its own
+
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """The loop's own comm hook takes the place of the one that completes a step on the survivors
+        (reduction.py, registered at the first forward): a peer lost in the step's reduction then
+        re-enters the loop."""
+        self.user_comm_hook = True
+        super().register_comm_hook(state, hook)
+
     def _check_default_group(self) -> None:
         if not isinstance(self.process_group, ElasticGroup):
             super()._check_default_group()

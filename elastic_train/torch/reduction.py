@@ -43,7 +43,15 @@ class StepReduction:
         self._buckets: list[_Bucket] = []
 
     def register(self, ddp: DistributedDataParallel) -> None:
-        ddp.register_comm_hook(None, self._hook)
+        """Register the hook as the model's first forward begins, unless the loop registered a comm hook
+        of its own by then (`ElasticDDP.register_comm_hook`): the step's reduction is then the loop's,
+        and a peer lost in it re-enters the loop."""
+        def first_forward(module: torch.nn.Module, args: object) -> None:
+            handle.remove()
+            if not getattr(ddp, "user_comm_hook", False):
+                DistributedDataParallel.register_comm_hook(ddp, None, self._hook)
+
+        handle = ddp.register_forward_pre_hook(first_forward)
 
     def __deepcopy__(self, memo: dict) -> StepReduction:
         """A copy of the model (`copy.deepcopy(ddp)`) shares this service: it holds the loop's session."""
