@@ -50,7 +50,7 @@ def check_run(result, log_dir: str, config: dict, paths: list[str] | None) -> No
 
 
 def run(run_dirs: dict, scaling, fault: dict | list[dict], elastic: ElasticConfig | None = None, **options):
-    config = {"epochs": EPOCHS, "step_time": 0.1, "fault": fault, **options}
+    config = {"epochs": EPOCHS, "step_time": 0.1, "fault": fault} | options
     return make_trainer(run_dirs, scaling, guide_loop, elastic=elastic, **config).fit(), config
 
 
@@ -79,11 +79,11 @@ def test_batch_norm_unused_parameters_and_accumulation_a_worker_killed_before_th
 @pytest.mark.timeout(240)
 def test_workers_killed_at_reports_the_survivor_agrees_each_alone(local_ray, run_dirs):
     """Rank 0 killed while saving epoch 1's checkpoint (lost: the next is saved by the survivor, rank 0
-    now), then, once the replacement joined, rank 1 as it calls epoch 4's report(): each time the
+    now), then, once the replacement joined, rank 1 as it calls epoch 6's report(): each time the
     survivor's report barrier passes in place."""
     faults = [{"kind": "kill", "rank": 0, "at_step": 199, "point": "saving"},
-              {"kind": "kill", "rank": 1, "at_step": 499, "point": "report"}]
-    result, config = run(run_dirs, 2, faults)
+              {"kind": "kill", "rank": 1, "at_step": 699, "point": "report"}]
+    result, config = run(run_dirs, 2, faults, epochs=8)  # the replacement has joined by epoch 6's end
     check_run(result, run_dirs["log_dir"], config, ["in place", "memory", "in place"])
 
 

@@ -65,6 +65,7 @@ class Lockstep:
         self._agreed: Agreed | None = None  # the last report's agreement, which every rank knows by now
         self._pending: _Pending | None = None  # a plain report that went on, its agreement in flight
         self._step_committed = False  # NCCL: the kept state's step since the last barrier was agreed (`commit_step`)
+        self._unsent: _Pending | None = None  # a report that went on, its barrier failed: the survivors' (`reformed`)
 
     def stepped(self) -> bool:
         """Did the step since the last report make a collective with every peer (see `_keep_unagreed`)?"""
@@ -120,23 +121,28 @@ class Lockstep:
         self._agreed, self._collectives_seen = agreed, collectives_done()
         return agreed
 
-    def passed_so_far(self) -> bool:
-        """Before going on in place: did the barrier of a report that went on before it passed pass? Then
-        every survivor made that report alike (it is sent by then); else the loop must be entered afresh."""
+    def settle_pending(self) -> None:
+        """Before going on in place: wait for the barrier of a report that went on before it passed, on
+        the group being left. If it failed, the lost peer never made that report; the survivors did
+        (they stand at one position past it): it counts as theirs, with nothing agreed but its
+        metrics, and is sent once the loop goes on in place (`reformed`)."""
         pending = self._pending
         if pending is None:
-            return True
+            return
         try:
             pending.agreement.result()
-        except Exception:  # noqa: BLE001 - a failed collective: some rank may not have made the report
-            return False
-        return True
+        except Exception:  # noqa: BLE001 - the lost peer's share of the barrier never came
+            self._pending, self._agreed, self._unsent = None, Agreed(False, False, False, False), pending
 
-    def reformed(self, world_size: int) -> None:
-        """The loop goes on in place in a group of `world_size`: the barriers from here on are its (a
-        report whose barrier failed is agreed again there)."""
+    def reformed(self, world_size: int, generation: int) -> None:
+        """The loop goes on in place as generation `generation`, in a group of `world_size`: the barriers
+        from here on are its (a report whose barrier failed is agreed again there)."""
         self._world_size, self._collectives_seen = world_size, collectives_done()
         self.unagreed = None
+        unsent, self._unsent = self._unsent, None
+        if unsent is not None and self._agreed is not None:
+            unsent.made.report.generation = generation
+            unsent.send(self._agreed)
 
     def go_on(self, made: Made) -> None:
         """A plain report leaves before its barrier passed: the next report (or the loop's end) awaits it."""

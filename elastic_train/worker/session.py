@@ -11,7 +11,7 @@ report does is decided by report_plan.py; where the loop resumes from, by resume
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import ray
 import torch
@@ -27,13 +27,15 @@ from elastic_train.worker.intake import take
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import Agreed, pipelines
-from elastic_train.worker.report_plan import Carries, ReportPlan, after_barrier, plan_report
+from elastic_train.worker.report_barrier import pipelines
+from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
 from elastic_train.worker.step_clock import StepClock
 from elastic_train.worker.storing import PartStoring
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class StatefulLoader(Protocol):
@@ -115,16 +117,12 @@ class TrainSession:
         report = Report(generation, self.index, dict(metrics), names, loader_states, dir_name,
                         plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
         made = Made(report, held, live, self._lockstep.stepped())
-        previous, pipelined = self._lockstep.confirm(made), pipelines()
-        if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelined):
-            self._lockstep.go_on(made)
+        previous = self._barrier(made, lambda: self._lockstep.confirm(made))
+        if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelines()):
+            self._barrier(made, lambda: self._lockstep.go_on(made))
             return
-        agreed = self._agree(made, plan)
-        if generation != self.context.assignment.generation:  # the barrier failed; it passed in place
-            generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
-            report.generation = generation
-            if held is not None:
-                held.generation, held.rank = generation, rank
+        agreed = self._barrier(made, lambda: self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store)))
+        generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
         after = after_barrier(plan, agreed, previous=previous, pipelined=pipelined,
                               leaving_here=self._leaving_at == self.index, rank=rank)
         if after.drops_kept:
@@ -158,14 +156,20 @@ class TrainSession:
         if after.unwind or (after.together and unwind):
             self._leave_report()
 
-    def _agree(self, made: Made, plan: ReportPlan) -> Agreed:
-        """The report's barrier; where it fails (a peer lost), again in the group re-formed in place."""
+    def _barrier(self, made: Made, step: Callable[[], T]) -> T:
+        """A `step` of the report's barrier (confirm the previous report's, go on, agree). Where it fails
+        (a peer lost, or the generation ended under it), the loop goes on in place if it can, and the
+        step is made again in the new group, the report then the new generation's."""
         while True:
             try:
-                return self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store))
+                return step()
             except (PeerLost, GenerationEnded):
                 if not self.go_on_in_place("report"):
                     raise
+                place = self.context.assignment
+                made.report.generation = place.generation
+                if made.held is not None:
+                    made.held.generation, made.held.rank = place.generation, place.rank
 
     def _leave_report(self) -> None:
         """Every rank leaves the group at this report (it re-forms: a peer leaves, or newcomers join):
@@ -193,16 +197,17 @@ class TrainSession:
         context then answers the new place, and the prepared loaders re-shard the rest of the epoch
         over it, with the shares the lost ranks did not complete. False: the loop must unwind and is
         entered afresh: always in a loop with no prepared loader (it shards its data by the rank and
-        world size it read before), or when a report that went on did not pass its barrier everywhere."""
-        if not self.recovers_in_place or not self._loaders or not self._lockstep.passed_so_far():
+        world size it read before)."""
+        if not self.recovers_in_place or not self._loaders:
             return False
+        self._lockstep.settle_pending()
         index, steps = self._reduced
         before = self.context.assignment
         place = self._host.reform(Position(self.index, steps if index == self.index else 0, at))
         if place is None:
             return False
         self.context.assignment = place
-        self._lockstep.reformed(place.world_size)
+        self._lockstep.reformed(place.world_size, place.generation)
         lost = sorted(set(range(before.world_size)) - set(place.previous_ranks or ()))
         for loader in self._loaders:
             loader.reformed(place.rank, place.world_size, lost, before.world_size)
