@@ -62,6 +62,8 @@ def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins
     report that carries a checkpoint, where every rank starts from that checkpoint: no step lost."""
     result, config = run(run_dirs, scaling, {"kind": "kill", "rank": killed, "at_step": 103})
     check_run(result, run_dirs["log_dir"], config, ["in place", "memory"])
+    committed = RunStorage.at(result.path).committed()
+    assert len(committed) == EPOCHS, f"an epoch's checkpoint was not stored: {[c.index for c in committed]}"
     regrown = [p for p in read_progress(run_dirs["log_dir"]) if p.get("generation", 0) >= 2]
     assert regrown and {p["world"] for p in regrown} == {2}, "the replacement joined at an epoch's checkpoint"
 

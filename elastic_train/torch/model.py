@@ -83,7 +83,9 @@ def prepare_model(
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
     session = current_session()
-    if session is None or not session.recovers_in_place or dist.get_backend() != "gloo" or "process_group" in kwargs:
+    if session is not None and "process_group" in kwargs:
+        session.foreign_ddp()
+    if session is None or not session.recovers_in_place:
         return DistributedDataParallel(model, **kwargs)
     # A peer lost under the loop: DDP's collectives and the step's reduction complete on the survivors.
     wrapped = ElasticDDP(model, process_group=ElasticGroup(session), **kwargs)

@@ -47,6 +47,8 @@ class StepReduction:
         of its own by then (`ElasticDDP.register_comm_hook`): the step's reduction is then the loop's,
         and a peer lost in it re-enters the loop."""
         def first_forward(module: torch.nn.Module, args: object) -> None:
+            if module is not ddp:  # a copy of the model (copy.deepcopy) reduces as plain DDP
+                return
             handle.remove()
             if not getattr(ddp, "user_comm_hook", False):
                 DistributedDataParallel.register_comm_hook(ddp, None, self._hook)

@@ -267,7 +267,11 @@ class TrainWorker:
         generation = self._assignment.generation
         self._leave(generation)
         self._memory.freeze()  # live parts become files, or are dropped if written to since their report
-        place = self._park(Outcome(Exit.UNWOUND, generation, in_place=position))
+        outcome = Outcome(Exit.UNWOUND, generation, in_place=position)
+        unagreed = self._session.unagreed if self._session is not None else None
+        if unagreed is not None and (generation, unagreed.index) in self._memory.keys():
+            outcome.unagreed = unagreed  # should the next generation not go on in place, it may resume from it
+        place = self._park(outcome)
         if not isinstance(place, Assignment) or place.previous_ranks is None:
             self._next = place if place is not None else Stop("the supervisor is gone")
             return None
@@ -295,7 +299,7 @@ class TrainWorker:
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
                                             self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
-                                            self._spec.elastic.recover_in_place),
+                                            self._spec.elastic.recover_in_place, self._spec.backend),
                                _Host(self))
         set_session(session)
         self._session = session

@@ -30,6 +30,7 @@ class SessionSetup:
     settle_timeout_s: float  # how long SYNC / NO_UPLOAD reports wait for their commit
     initial_checkpoint: Checkpoint | None = None  # resume_from_checkpoint: while the run has none of its own
     recover_in_place: bool = False  # ElasticConfig.recover_in_place
+    backend: str = "gloo"  # the run's process groups' (in place is gloo's)
 
 
 class SessionHost(Protocol):

@@ -103,6 +103,7 @@ class Lockstep:
             try:
                 self._agreed = pending.agreement.result()
             except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
+                self._unsent, self._agreed = pending, Agreed(False, False, False, False)  # if it goes on in place
                 self._barrier_failed(exc, pending.made.report.index, made)
             pending.send(self._agreed)
             previous = pending.made

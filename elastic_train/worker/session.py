@@ -10,6 +10,7 @@ report does is decided by report_plan.py; where the loop resumes from, by resume
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -70,6 +71,8 @@ class TrainSession:
         self._preemption_calls = 0
         self._collective_calls = 0
         self._reduced = (self.index, 0)  # (report index, gradient reductions since it)
+        self._went_on_from: Position | None = None  # where the loop last went on in place
+        self._foreign_ddp = False
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -123,6 +126,7 @@ class TrainSession:
             return
         agreed = self._barrier(made, lambda: self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store)))
         generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
+        held = made.held
         after = after_barrier(plan, agreed, previous=previous, pipelined=pipelined,
                               leaving_here=self._leaving_at == self.index, rank=rank)
         if after.drops_kept:
@@ -167,9 +171,9 @@ class TrainSession:
                 if not self.go_on_in_place("report"):
                     raise
                 place = self.context.assignment
-                made.report.generation = place.generation
-                if made.held is not None:
-                    made.held.generation, made.held.rank = place.generation, place.rank
+                made.report.generation = place.generation  # not sent: its barrier had not passed
+                if made.held is not None:  # the part held as the old generation's stays that
+                    made.held = dataclasses.replace(made.held, generation=place.generation, rank=place.rank)
 
     def _leave_report(self) -> None:
         """Every rank leaves the group at this report (it re-forms: a peer leaves, or newcomers join):
@@ -186,8 +190,14 @@ class TrainSession:
 
     @property
     def recovers_in_place(self) -> bool:
-        """May the loop go on in place when a peer is lost during its step (ElasticConfig.recover_in_place)?"""
-        return self._setup.recover_in_place
+        """May the loop go on in place when a peer is lost under it? ElasticConfig.recover_in_place, on
+        gloo, unless `prepare_model` built a DDP on a group of the loop's own (`foreign_ddp`)."""
+        return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._foreign_ddp
+
+    def foreign_ddp(self) -> None:
+        """`prepare_model` built DDP on a process group of the loop's: its collectives cannot follow the
+        loop into a new group, so every recovery re-enters the loop."""
+        self._foreign_ddp = True
 
     def go_on_in_place(self, at: str) -> bool:
         """The group must re-form under the loop, which stands `at` (protocol.py `Position`): a
@@ -198,14 +208,16 @@ class TrainSession:
         over it, with the shares the lost ranks did not complete. False: the loop must unwind and is
         entered afresh: always in a loop with no prepared loader (it shards its data by the rank and
         world size it read before)."""
-        if not self.recovers_in_place or not self._loaders:
-            return False
-        self._lockstep.settle_pending()
         index, steps = self._reduced
+        position = Position(self.index, steps if index == self.index else 0, at)
+        if not self.recovers_in_place or not self._loaders or position == self._went_on_from:
+            return False  # the same collective failed again where the loop went on in place: entered afresh
+        self._lockstep.settle_pending()
         before = self.context.assignment
-        place = self._host.reform(Position(self.index, steps if index == self.index else 0, at))
+        place = self._host.reform(position)
         if place is None:
             return False
+        self._went_on_from = position
         self.context.assignment = place
         self._lockstep.reformed(place.world_size, place.generation)
         lost = sorted(set(range(before.world_size)) - set(place.previous_ranks or ()))

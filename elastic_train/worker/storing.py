@@ -25,13 +25,17 @@ UPLOAD_WAIT_NOTED_S = 0.01  # a report that waited longer than this for room in 
 
 
 class PartStoring:
-    """One generation's storing of this worker's parts."""
+    """One session's storing of this worker's parts."""
 
     def __init__(self, setup: SessionSetup, host: SessionHost):
         self._setup, self._host = setup, host
-        self._generation = setup.context.assignment.generation
         self._live_reports, self._live_stored_at = 0, time.monotonic()  # live parts reported since one was stored
         self._unstored: tuple[PartUpload, LivePart | None] | None = None  # the newest part the cadence skipped
+
+    @property
+    def _generation(self) -> int:
+        """The generation the loop is in: a loop that goes on in place changes it under the session."""
+        return self._setup.context.assignment.generation
 
     def live_due(self) -> bool:
         """Is a live part reported now due to be stored (the cadence, counting it)?"""
