@@ -24,13 +24,15 @@ class Exit(str, enum.Enum):
 @dataclass(frozen=True)
 class Position:
     """Where a survivor's loop stands when it parks inside it: `steps` gradient reductions after report
-    `index`, in the collective `at` names ("gradients": the step's reduction; "ddp": one of DDP's own;
-    "report": report `index`'s barrier; "leave": past it, every rank leaving the group there). Survivors
-    at one position may go on in place (worker/session.py `go_on_in_place`)."""
+    `index`, then `calls` collectives on the default group (worker/world_group.py), in the collective
+    `at` names ("gradients": the step's reduction; "ddp": one of DDP's own; "collective": one of the
+    loop's; "report": report `index`'s barrier; "leave": past it, every rank leaving the group there).
+    Survivors at one position may go on in place (worker/session.py `go_on_in_place`)."""
 
     index: int
     steps: int = 0
     at: str = "gradients"
+    calls: int = 0
 
 
 @dataclass

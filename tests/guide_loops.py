@@ -7,7 +7,8 @@ saves model (through `model.module`), optimizer and epoch at the end of each epo
 No state kept live. Options: a BatchNorm layer (DDP broadcasts rank 0's buffers before each forward),
 a layer no step uses (`find_unused_parameters=True`), gradient accumulation over `accumulate` batches
 (`no_sync` for all but the last; every epoch's batch count a multiple of it), a report of metrics
-alone after each step (`report_every_step`). Every rank logs each step it completed: its epoch, its step within the epoch, its
+alone after each step (`report_every_step`), the loss all-reduced over the ranks after each step
+(`all_reduce_loss`, a metric as the guides average it), AMP's `GradScaler` (`amp`). Every rank logs each step it completed: its epoch, its step within the epoch, its
 generation, rank, world size and the sample ids of each batch of the step.
 
 `replay`: the parameters a correct run ends with, recomputed in this process from what the ranks
@@ -24,6 +25,7 @@ import tempfile
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import elastic_train as et
@@ -71,6 +73,7 @@ def guide_loop(config: dict) -> None:
     model = prepare_model(new_model(config), parallel_strategy_kwargs={"find_unused_parameters": True}
                           if config.get("unused") else None)
     optimizer = new_optimizer(model)
+    scaler = torch.amp.GradScaler("cpu", enabled=config.get("amp", False))
     start_epoch = 0
     checkpoint = et.get_checkpoint()
     if checkpoint is not None:
@@ -94,15 +97,21 @@ def guide_loop(config: dict) -> None:
             last = len(drawn) == config.get("accumulate", 1)
             with contextlib.nullcontext() if last else model.no_sync():
                 loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
-                loss.backward()
+                scaler.scale(loss).backward()
             if not last:
                 continue
             ctx = et.get_context()  # the step's gradients are reduced: its batches count
             log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
                          generation=ctx.get_generation(), epoch=epoch, step=step, batches=drawn, loss=loss.item())
             fault_once(config, point, ctx.get_world_rank(), point="before_step")
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad()
+            fault_once(config, point, ctx.get_world_rank(), point="after_step")
+            if config.get("all_reduce_loss"):
+                mean_loss = loss.detach().clone()
+                dist.all_reduce(mean_loss)
+                loss = mean_loss / et.get_context().get_world_size()  # what the reports carry
             time.sleep(config.get("step_time", 0.0))
             step, drawn = step + 1, []
             if config.get("report_every_step"):  # metrics alone

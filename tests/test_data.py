@@ -26,7 +26,9 @@ def test_no_sample_skipped_or_repeated_across_kill_and_regrow(local_ray, run_dir
     config = {"samples": 96, "epochs": 6, "global_batch_size": 8, "step_time": 0.15, "fault": {"kind": "kill", "rank": 1, "at_step": 7}}
     result = make_trainer(run_dirs, (1, 2), sample_counting_loop, **config).fit()
     assert result.error is None, result.error
-    assert result.metrics == {"step": 72, "epoch": 5}
+    # Rank 1 dies as step 7 begins: the survivor's all-reduce of the step goes on in place with its own
+    # half of the global batch, and the lost half is trained in one step more of that epoch.
+    assert result.metrics == {"step": 72 + 1, "epoch": 5}
     final = result.checkpoint.to_dict()["counts"]
     assert final.tolist() == [6.0] * 96, "a sample was skipped or repeated"
     # The run really changed size mid-epoch, and ranks' batches within a step never overlapped.
@@ -38,8 +40,11 @@ def test_no_sample_skipped_or_repeated_across_kill_and_regrow(local_ray, run_dir
     for batches in by_step.values():
         flat = [i for b in batches for i in b]
         assert len(flat) == len(set(flat))
-    assert {len(b) for (g, s), bs in by_step.items() for b in bs if len(bs) == 2} == {4}
-    assert {len(b) for (g, s), bs in by_step.items() for b in bs if len(bs) == 1} == {8}
+        assert len({len(b) for b in batches}) == 1, "the ranks' shares of a global batch are equal"
+    # Every global batch is whole but two: the step the survivor went on in with its half alone, and the
+    # rest of that epoch's samples, fewer than a global batch.
+    sizes = sorted(sum(len(b) for b in batches) for batches in by_step.values())
+    assert sizes == [4, 4] + [8] * (len(sizes) - 2)
 
 
 def _loader(rank: int, world: int, per_rank: int = 4, size: int = 40):
@@ -67,7 +72,7 @@ def test_a_loader_going_on_in_place_owes_the_lost_ranks_unreduced_shares_and_use
     drawn = [next(epoch).tolist() for epoch in epochs for _ in range(draws)]  # a step whose reduction fails
     survivor = 1 - lost
     kept = [i for n, batch in enumerate(drawn) if n // draws == survivor for i in batch]
-    loaders[survivor].reformed(0, 1, [lost], 2)
+    loaders[survivor].reformed(0, 1, (survivor,))
     state = loaders[survivor].loader_state()
     assert state["owed"] == [i for n, batch in enumerate(drawn) if n // draws == lost for i in batch]
     rest = [i for batch in epochs[survivor] for i in batch.tolist()]
@@ -81,8 +86,26 @@ def test_a_loader_going_on_in_place_owes_the_lost_ranks_unreduced_shares_and_use
 
 @pytest.mark.timeout(10)
 def test_the_samples_owed_are_those_only_the_lost_ranks_held():
-    from elastic_train.torch.data import untrained
+    from elastic_train.torch.data import share, untrained
 
-    assert untrained([[1, 2, 3, 4, 5]], [1], 2) == [4, 5]
-    assert untrained([[1, 2, 3, 4, 5], [6, 7, 8]], [0, 2], 3) == [1, 2, 5, 6, 8]
-    assert untrained([[9]], [1], 2) == []  # with fewer samples than ranks, the survivor held it too
+    def shares(chunk: list[int], world: int) -> list[list[int]]:
+        return [share(chunk, rank, world) for rank in range(world)]
+
+    assert untrained([shares([1, 2, 3, 4, 5], 2)], (0,)) == [4, 5]
+    assert untrained([shares([1, 2, 3, 4, 5], 3), shares([6, 7, 8], 3)], (1,)) == [1, 2, 5, 6, 8]
+    assert untrained([shares([9], 2)], (0,)) == []  # with fewer samples than ranks, the survivor held it too
+
+
+@pytest.mark.timeout(10)
+def test_a_second_peer_lost_in_the_same_step_owes_its_share_too():
+    """Rank 2 of 3 is lost as the step's batch is drawn (DDP's broadcast of buffers at its forward);
+    rank 0 then in its gradient reduction: the survivor, rank 1 (then rank 0 of 2, then of 1), owes the
+    epoch both lost shares, and uses every sample once."""
+    loaders = [_loader(rank, 3, size=48) for rank in range(3)]
+    epochs = [iter(loader) for loader in loaders]
+    drawn = [next(epoch).tolist() for epoch in epochs]
+    loaders[1].reformed(1, 2, (0, 1))  # rank 2 lost: ranks 0 and 1 keep theirs
+    loaders[1].reformed(0, 1, (1,))  # then rank 0 (old 0) lost: old rank 1 alone, rank 0 now
+    assert loaders[1].loader_state()["owed"] == drawn[0] + drawn[2]  # the last lost first
+    rest = [i for batch in epochs[1] for i in batch.tolist()]
+    assert sorted(drawn[1] + rest) == list(range(48)), "a sample was skipped or used twice in the epoch"

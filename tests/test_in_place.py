@@ -2,8 +2,8 @@
 survivors complete the step among themselves, no step is redone, every sample of each epoch is used
 once, and the run ends where a fault-free run through the same world sizes ends (tests/guide_loops.py).
 The fault strikes the loop of one rank at a point of its step; the survivors meet it in whatever
-collective comes next: the step's gradient reduction, DDP's buffers or map of used parameters, a
-report's barrier."""
+collective comes next: the step's gradient reduction, DDP's buffers or map of used parameters, the
+loop's own all-reduce, a report's barrier."""
 
 from __future__ import annotations
 
@@ -75,6 +75,16 @@ def test_batch_norm_unused_parameters_and_accumulation_a_worker_killed_before_th
     the buffers at its next forward (or the reduction after it), and goes on from there."""
     result, config = run(run_dirs, (1, 2), {"kind": "kill", "rank": 1, "at_step": 101, "point": "before_step"},
                          batch_norm=True, unused=True, accumulate=2)
+    check_run(result, run_dirs["log_dir"], config, ["in place"])
+
+
+@pytest.mark.timeout(240)
+def test_a_loops_own_all_reduce_of_its_loss_under_amp_a_worker_killed_after_its_optimizer_step(local_ray, run_dirs):
+    """Rank 0 dies after its optimizer step: the survivor meets the loss in the loop's own
+    `dist.all_reduce` of the loss, which is made again over the survivors (worker/world_group.py), and
+    the loop goes on. AMP's GradScaler scales what the comm hook reduces."""
+    result, config = run(run_dirs, (1, 2), {"kind": "kill", "rank": 0, "at_step": 102, "point": "after_step"},
+                         all_reduce_loss=True, amp=True)
     check_run(result, run_dirs["log_dir"], config, ["in place"])
 
 

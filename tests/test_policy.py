@@ -411,6 +411,8 @@ def test_the_run_fails_once_its_failures_exceed_max_failures():
     ([Position(4, 2), Position(4, 3)], None),  # one reduced a step the other did not: entered afresh
     ([Position(4, 0), Position(4, 0, "report")], None),  # one at the report's barrier, one past it
     ([Position(4, 1), Position(4, 1, "ddp")], None),  # one in the step's reduction, one in DDP's map of used parameters
+    ([Position(4, 1, "collective", 2)] * 2, Position(4, 1, "collective", 2)),  # both failed in the loop's third
+    ([Position(4, 1, "collective", 2), Position(4, 1, "collective", 1)], None),  # one passed a collective the other failed in
     ([Position(4, 0), None], None),  # a newcomer: it has no state to go on from
     ([], None),
 ])

@@ -307,12 +307,16 @@ class Controller:
         self._worker_failures = by_rank or {}
         self._transition(RunState.ERRORED)
 
+    def _newest_state(self, workers: list[WorkerRecord]) -> ResumePlan | None:
+        """The newest state `workers` can resume from, in their memory or in storage."""
+        return policy.resume_from(self.ledger.resume_plan({w.worker_id for w in workers}, self.roster.holds()),
+                                  self.commits.newest)
+
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
         survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
         at = self._in_place(survivors)
         if at is not None and len(survivors) < len(candidates):
-            newest = policy.resume_from(self.ledger.resume_plan({w.worker_id for w in candidates}, self.roster.holds()),
-                                        self.commits.newest)
+            newest = self._newest_state(candidates)
             if not policy.newcomers_join(at, newest.index if newest else None):
                 candidates = survivors  # they go on in place; the newcomers join at a report with a checkpoint
         plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
@@ -327,8 +331,7 @@ class Controller:
         if at is not None:  # the loops go on from their reports: nothing to load
             resume: ResumePlan | None = ResumePlan(index=at.index, generation=self._generation - 1)
         else:
-            resume = policy.resume_from(self.ledger.resume_plan({w.worker_id for w in chosen}, self.roster.holds()),
-                                        self.commits.newest)
+            resume = self._newest_state(chosen)
         start = resume.index if resume else 0
         self.ledger.rewind(start)
         self.reports.open(start)

@@ -221,7 +221,7 @@ def newcomers_join(at: Position, newest: int | None) -> bool:
     starts from it and loses nothing (a newcomer has no state to go on from mid-step, and joining
     survivors past their last checkpoint would make them redo the steps since). Otherwise the
     survivors go on alone, and the newcomers join at a report that carries a checkpoint."""
-    return at.at == "leave" and at.steps == 0 and newest == at.index
+    return at.at == "leave" and newest == at.index
 
 
 def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],

@@ -27,12 +27,15 @@ def share(chunk: list[int], rank: int, world_size: int) -> list[int]:
     return mine or chunk[-1:]
 
 
-def untrained(chunks: list[list[int]], lost: list[int], world_size: int) -> list[int]:
-    """The samples of `chunks` that only the `lost` ranks (of `world_size`) held: owed to the epoch."""
+Shares = list[list[int]]  # each rank's samples of one global batch, by rank
+
+
+def untrained(batches: list[Shares], survivors: tuple[int, ...]) -> list[int]:
+    """The samples of `batches` that only ranks not among `survivors` held: owed to the epoch."""
     owed = []
-    for chunk in chunks:
-        kept = {i for rank in range(world_size) if rank not in lost for i in share(chunk, rank, world_size)}
-        owed.extend(i for i in chunk if i not in kept)
+    for shares in batches:
+        kept = {i for rank in survivors for i in shares[rank]}
+        owed.extend(i for rank, held in enumerate(shares) if rank not in survivors for i in held if i not in kept)
     return owed
 
 
@@ -90,7 +93,7 @@ class ElasticDataLoader:
         self._per_rank_batch = per_rank_batch  # None: the global batch is fixed (`global_batch_size`)
         self._epoch, self._position, self._owed = 0, 0, []
         self._started = False
-        self._drawn: list[list[int]] = []  # global batches drawn since every rank last trained all drawn
+        self._drawn: list[Shares] = []  # global batches drawn since every rank last trained all drawn
         self._reshard = False
 
     @property
@@ -120,11 +123,12 @@ class ElasticDataLoader:
         was made (a loop draws a batch for its step, not ahead of the step's backward)."""
         self._drawn.clear()
 
-    def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
-        """Go on as `rank` of `world_size`: the samples of the batches drawn since the last `trained`
-        that only the `lost` ranks held come first in the rest of the epoch."""
-        self._owed = untrained(self._drawn, lost, old_world_size) + self._owed
-        self._drawn.clear()
+    def reformed(self, rank: int, world_size: int, previous_ranks: tuple[int, ...]) -> None:
+        """Go on as `rank` of `world_size` (`previous_ranks`: each new rank's previous one): the samples
+        of the batches drawn since the last `trained` that only the lost ranks held come first in the
+        rest of the epoch. The survivors' shares stay drawn: a peer lost later in the same step owes its."""
+        self._owed = untrained(self._drawn, previous_ranks) + self._owed
+        self._drawn = [[shares[r] for r in previous_ranks] for shares in self._drawn]
         self.batch_sampler.rank, self.batch_sampler.world_size = rank, world_size
         if self._per_rank_batch is not None:
             self.batch_sampler.global_batch = self._per_rank_batch * world_size
@@ -157,7 +161,8 @@ class ElasticDataLoader:
         taken = min(len(chunk), len(self._owed))
         self._owed = self._owed[taken:]
         self._position += len(chunk) - taken
-        self._drawn.append(chunk)
+        world = self.batch_sampler.world_size
+        self._drawn.append([share(chunk, rank, world) for rank in range(world)])
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -4,93 +4,59 @@ DDP binds to one process group for good, and makes collectives of its own on it 
 gradients' (which go through the comm hook, reduction.py): the parameters' broadcast and shape check
 as it is built, the buffers' broadcast before each forward (BatchNorm's statistics, with the default
 `broadcast_buffers`), the map of used parameters after each backward (`find_unused_parameters`),
-and the buckets' rebuild after the first step. Each of them runs here on the default group of the
-generation the loop is in; one that fails (a peer lost) is made again, from the same inputs, on the
-group re-formed in place (worker/session.py `go_on_in_place`), so none fails under the loop. As in
-torchft's wrappers, the operations are those of a Python `ProcessGroup`; unlike them, this one holds
-no group of its own: the generation's is the process's default one (worker/process_group.py).
+and the buckets' rebuild after the first step. Each of them runs on the process's default group,
+which follows the loop from generation to generation (worker/world_group.py); one that fails (a peer
+lost) is made again, from the same inputs, on the group re-formed in place (worker/session.py
+`go_on_in_place`), so none fails under the loop, not even inside autograd's backward, where the
+default group lets no failure of the loop's own go on in place.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _get_default_group
 from torch.nn.parallel import DistributedDataParallel
 
-from elastic_train.worker.session import TrainSession
-
-logger = logging.getLogger(__name__)
+from elastic_train.worker.world_group import generation_group, run
 
 _GLOO = dist.ProcessGroup.BackendType.GLOO
 _CPU = torch.device("cpu")
 
 
-class _Done(dist._Work):
-    """An operation already completed here."""
-
-    def __init__(self, result: Any):
-        super().__init__()
-        self._future: torch.futures.Future = torch.futures.Future()
-        self._future.set_result(result)
-
-    def wait(self, timeout: Any = None) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-
 class ElasticGroup(dist.ProcessGroup):
-    """DDP's process group: the current generation's default group, re-formed in place under a failure."""
+    """DDP's process group: DDP's collectives on the process's `WorldGroup`, whose failures during
+    autograd's backward (the map of used parameters) go on in place too: they are DDP's, not a
+    gradient reduction of the loop's."""
 
-    def __init__(self, session: TrainSession):
-        current = _get_default_group()
+    def __init__(self) -> None:
+        current = generation_group()
         super().__init__(current.rank(), current.size())
-        self._session = session
         # DDP's construction log asks the group for its backend by device: the generation's gloo.
         self._set_default_backend(_GLOO)
         self._register_backend(_CPU, _GLOO, current._get_backend(_CPU))
 
     def rank(self) -> int:
-        return _get_default_group().rank()
+        return generation_group().rank()
 
     def size(self) -> int:
-        return _get_default_group().size()
+        return generation_group().size()
 
     def getBackendName(self) -> str:
         return "gloo"
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
-        return self._run(lambda group: group.allreduce(tensors, opts), tensors, tensors)
+        return run(lambda group: group.allreduce(tensors, opts), tensors, tensors, "ddp")
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
-        return self._run(lambda group: group.broadcast(tensors, opts), tensors, tensors)
+        return run(lambda group: group.broadcast(tensors, opts), tensors, tensors, "ddp")
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
-        return self._run(lambda group: group.allgather(outputs, inputs, opts), [], outputs)
+        return run(lambda group: group.allgather(outputs, inputs, opts), [], outputs, "ddp")
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        return self._run(lambda group: group.barrier(opts) if opts is not None else group.barrier(), [], None)
-
-    def _run(self, op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor], result: Any) -> dist.Work:
-        """`op` on the current group, waited for; after a failure, again from the same `changed` inputs
-        (a failed all-reduce may have written partial sums into them) on the group re-formed in place."""
-        before = [t.clone() for t in changed]
-        while True:
-            try:
-                op(_get_default_group()).wait()
-                return _Done(result)
-            except Exception:
-                if not self._session.go_on_in_place("ddp"):
-                    raise
-                logger.info("one of DDP's collectives is made again over the %d ranks that went on in place",
-                            dist.get_world_size())
-                for tensor, saved in zip(changed, before):
-                    tensor.copy_(saved)
+        return run(lambda group: group.barrier(opts) if opts is not None else group.barrier(), [], None, "ddp")
 
 
 class ElasticDDP(DistributedDataParallel):

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
 from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
+from elastic_train.worker.world_group import world_group
 
 T = TypeVar("T")
 
@@ -85,10 +86,10 @@ def prepare_model(
     session = current_session()
     if session is not None and "process_group" in kwargs:
         session.foreign_ddp()
-    if session is None or not session.recovers_in_place:
+    if session is None or not session.recovers_in_place or world_group() is None:
         return DistributedDataParallel(model, **kwargs)
     # A peer lost under the loop: DDP's collectives and the step's reduction complete on the survivors.
-    wrapped = ElasticDDP(model, process_group=ElasticGroup(session), **kwargs)
+    wrapped = ElasticDDP(model, process_group=ElasticGroup(), **kwargs)
     StepReduction(session).register(wrapped)
     return wrapped
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import TrainSession
+from elastic_train.worker.world_group import generation_group
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _start(local: torch.Tensor) -> tuple[torch.Tensor, dist.Work | None]:
     """Start the all-reduce of `local`'s share over the group: divided by the world size, then summed."""
     reduced = local / dist.get_world_size()
     try:
-        return reduced, dist.all_reduce(reduced, async_op=True)
+        return reduced, dist.all_reduce(reduced, async_op=True, group=generation_group())
     except Exception:  # noqa: BLE001 - the group failed already: `_wait_all` finds no work to wait for
         logger.debug("the all-reduce of a gradient bucket could not start", exc_info=True)
         return reduced, None

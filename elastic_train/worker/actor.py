@@ -12,9 +12,8 @@ import os
 import socket
 import threading
 import traceback
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import ray
 import torch.distributed as dist
@@ -30,12 +29,13 @@ from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.worker.context import RunInfo, TrainContext
-from elastic_train.worker.replicator import Replicator
+from elastic_train.worker.holdings import Holdings
+from elastic_train.worker.replicator import Facts
 from elastic_train.worker.report_sender import ReportSender
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.host import SessionSetup
-from elastic_train.worker.memory import CheckpointMemory, Part
+from elastic_train.worker.memory import Part
 from elastic_train.worker.resume import part_to_store
 from elastic_train.worker.session import TrainSession, set_session
 from elastic_train.worker.uploads import Uploads
@@ -71,13 +71,11 @@ class TrainWorker:
         self._spec = spec
         if spec.elastic.snapshot_memory_retain_mb is not None:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
-        self._memory = CheckpointMemory(spec.elastic.checkpoints_in_memory)
-        self._replicas = CheckpointMemory(spec.elastic.checkpoints_in_memory)  # peers' parts (replicator.py)
-        self._replicator = Replicator(self._send_replica)
+        self._held = Holdings(spec.elastic.checkpoints_in_memory, self._send_replica)
         self._reports = ReportSender(self._send_reports, spec.elastic.report_interval_s)
         self._group = GenerationProcessGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s,
-            spec.elastic.process_group_destroy_timeout_s,
+            spec.elastic.process_group_destroy_timeout_s, spec.elastic.recover_in_place,
         )
         self._generation: int | None = None
         # (generation, report index, grow): leave the group there (grow: at the first report from there that
@@ -141,16 +139,13 @@ class TrainWorker:
     def read_checkpoint(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         """Files of checkpoint `index` of `generation`, from this worker's own part or from the replica
         it keeps for a peer."""
-        files = self._memory.find(generation, index, names)
-        if len(files) < len(names):
-            files.update(self._replicas.get(generation, index, [n for n in names if n not in files]))
-        return files
+        return self._held.read(generation, index, names)
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
         """Keep a peer's checkpoint part (with the facts it was reported with), and tell the
         supervisor this worker holds it."""
         running = held.generation == self._generation
-        self._replicas.put(held, files, evict=running)
+        self._held.replicas.put(held, files, evict=running)
         self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running,
                                              held.facts)
 
@@ -158,14 +153,8 @@ class TrainWorker:
         """This worker is leaving (a preemption notice): copy its files of a checkpoint into `peer`'s
         memory, which then serves them to the next generation."""
         files = self.read_checkpoint(generation, index, names)
-        held = HeldCheckpoint(index, generation, -1, sorted(files), [], self._held_facts(generation, index, files))
+        held = HeldCheckpoint(index, generation, -1, sorted(files), [], self._held.facts(generation, index, files))
         ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)
-
-    def _held_facts(self, generation: int, index: int, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The facts of `names` of checkpoint `index` of `generation`, as this worker holds them (its own
-        part's, or a peer's it keeps)."""
-        known = {**self._replicas.facts(generation, index), **self._memory.facts(generation, index)}
-        return {name: known[name] for name in names if name in known}
 
     def describe(self) -> WorkerInfo:
         """Where this worker stands, for a restarted supervisor to adopt it."""
@@ -180,7 +169,7 @@ class TrainWorker:
             world_size=place.world_size if place else 0,
             index=session.index if session else 0,
             running=self._generation is not None,
-            held=self._memory.holdings(),
+            held=self._held.own.holdings(),
         )
 
     def wait_stopped(self) -> None:
@@ -225,13 +214,13 @@ class TrainWorker:
             heartbeat.stop()
             self._notices.stop()
             self._uploads.close()
-            self._replicator.close()
+            self._held.close()
             self._reports.close()
             self._stopped.set()
 
     def _park(self, outcome: Outcome) -> Assignment | Stop | None:
         """Wait at the supervisor for the next place, with what this worker holds; None if the supervisor is gone."""
-        outcome.held = self._memory.holdings() + self._replicas.holdings()
+        outcome.held = self._held.listed()
         try:
             return ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
         except ray.exceptions.RayActorError:
@@ -266,10 +255,10 @@ class TrainWorker:
         loops go on in place, else keep its place for `run` once the loop unwound."""
         generation = self._assignment.generation
         self._leave(generation)
-        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
+        self._held.own.freeze()  # live parts become files, or are dropped if written to since their report
         outcome = Outcome(Exit.UNWOUND, generation, in_place=position)
         unagreed = self._session.unagreed if self._session is not None else None
-        if unagreed is not None and (generation, unagreed.index) in self._memory.keys():
+        if unagreed is not None and (generation, unagreed.index) in self._held.own.keys():
             outcome.unagreed = unagreed  # should the next generation not go on in place, it may resume from it
         place = self._park(outcome)
         if not isinstance(place, Assignment) or place.previous_ranks is None:
@@ -313,8 +302,8 @@ class TrainWorker:
             if self._generation is not None:  # else left already: parked inside the loop, which then unwound
                 self._leave(self._generation)
         generation = session.context.assignment.generation  # a loop that went on in place is in a later one
-        self._memory.freeze()  # live parts become files, or are dropped if written to since their report
-        if session.unagreed is not None and (generation, session.unagreed.index) in self._memory.keys():
+        self._held.own.freeze()  # live parts become files, or are dropped if written to since their report
+        if session.unagreed is not None and (generation, session.unagreed.index) in self._held.own.keys():
             outcome.unagreed = session.unagreed
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
@@ -345,15 +334,10 @@ class TrainWorker:
             # after the generation ended it unwound; what it raised may still explain a failure
             return Outcome.user_error(generation, exc, detail, Exit.UNWOUND if ended else Exit.USER_ERROR)
 
-    def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
-              facts: Future[dict[str, dict[str, Any]]] | None) -> None:
-        """A reported part: held in memory, and with `replicate` its files copied to the buddy (if
-        any) in the background, with their facts (`facts`: on their way). A live part is not copied:
-        its tensors change under the copy (live_part.py)."""
-        self._memory.put(held, part, facts=facts)
-        if (replicate and isinstance(part, dict) and self._assignment is not None
-                and self._assignment.buddy is not None):
-            self._replicator.submit(self._assignment.buddy, held, part, facts)
+    def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts) -> None:
+        """A reported part: held in memory, and with `replicate` copied to the generation's buddy."""
+        buddy = self._assignment.buddy if replicate and self._assignment is not None else None
+        self._held.hold(held, part, facts, buddy)
 
     def _send_reports(self, batch: list[Report]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
@@ -386,7 +370,7 @@ class _Host:
     def __init__(self, worker: TrainWorker):
         self._worker = worker
         self.supervisor = worker._supervisor
-        self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._memory.live_state
+        self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
         self.generation_ended = worker._ended.is_set
         self.reform = worker._reform

@@ -2,7 +2,8 @@
 
 A survivor keeps its process across generations; only the group is torn down and rebuilt. Each
 generation's group is this process's *default* group, so `dist.all_reduce(x)`, `dist.get_rank()` and
-DDP without a named group work unchanged and see the generation's world. `abort(g)` acts only on
+DDP without a named group work unchanged and see the generation's world (where loops go on in place,
+through one `WorldGroup` that follows the generations: world_group.py). `abort(g)` acts only on
 generation `g`'s group, at once, from any thread (gloo: its TCP connections are shut down; NCCL:
 non-blocking communicators aborted), also while that group is still forming; `leave()` tears the
 group down off the training thread, with a deadline. docs/process_group.md: why each step, what was
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
 from elastic_train.worker.nccl_env import apply_nccl_env
+from elastic_train.worker.world_group import install
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +45,10 @@ class GenerationProcessGroup:
         rendezvous_timeout_s: float,
         collective_timeout_s: float,
         destroy_timeout_s: float,
+        in_place: bool = False,
     ):
         self.backend = backend
+        self._in_place = in_place and backend == "gloo"  # the default group is the process's WorldGroup
         self._rendezvous_timeout_s = rendezvous_timeout_s
         self._collective_timeout_s = collective_timeout_s
         self._destroy_timeout_s = destroy_timeout_s
@@ -89,6 +93,8 @@ class GenerationProcessGroup:
             listeners = _gloo_listeners(group, assignment.rank, assignment.world_size)
             if listeners is None:
                 fallback = [c for c in _connections() if (c[1], c[2]) not in before]
+        if self._in_place:
+            install(group)
         with self._lock:
             self._group, self._listeners, self._fallback = group, listeners, fallback
             if self._aborted.is_set():  # an abort of this generation came while its group was forming

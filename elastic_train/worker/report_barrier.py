@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from elastic_train.worker.world_group import generation_group
+
 logger = logging.getLogger(__name__)
 
 
@@ -114,7 +116,7 @@ def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bo
     flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow)],
                          dtype=torch.int32,
                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
-    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True))
+    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True, group=generation_group()))
 
 
 def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreed:
@@ -131,6 +133,6 @@ def collectives_done() -> int | None:
     if not dist.is_initialized():
         return 0
     try:
-        return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+        return generation_group()._get_sequence_number_for_group()
     except Exception:  # noqa: BLE001 - an aborted group may refuse: then no step is taken as witnessed
         return None

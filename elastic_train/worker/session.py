@@ -33,6 +33,7 @@ from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
 from elastic_train.worker.step_clock import StepClock
 from elastic_train.worker.storing import PartStoring
+from elastic_train.worker.world_group import collectives_made, follow
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +49,10 @@ class StatefulLoader(Protocol):
         """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
         (which follows the step's collectives) was made."""
 
-    def reformed(self, rank: int, world_size: int, lost: list[int], old_world_size: int) -> None:
-        """The loop goes on in place as `rank` of `world_size`: re-shard the rest of the epoch, with the
-        shares the `lost` ranks (of `old_world_size`) did not complete since the last `trained`."""
+    def reformed(self, rank: int, world_size: int, previous_ranks: tuple[int, ...]) -> None:
+        """The loop goes on in place as `rank` of `world_size` (`previous_ranks`: each new rank's previous
+        one): re-shard the rest of the epoch, with the shares the lost ranks did not complete since the
+        last `trained`."""
 
 
 class TrainSession:
@@ -70,7 +72,7 @@ class TrainSession:
         self._restored_loaded = False
         self._preemption_calls = 0
         self._collective_calls = 0
-        self._reduced = (self.index, 0)  # (report index, gradient reductions since it)
+        self._reduced = (self.index, 0, collectives_made())  # (report index, gradient reductions since, collectives until the last)
         self._went_on_from: Position | None = None  # where the loop last went on in place
         self._foreign_ddp = False
 
@@ -183,8 +185,8 @@ class TrainSession:
 
     def reduced(self) -> None:
         """A step's gradients were reduced over the group (torch/reduction.py)."""
-        index, steps = self._reduced
-        self._reduced = (self.index, steps + 1 if index == self.index else 1)
+        index, steps, _ = self._reduced
+        self._reduced = (self.index, steps + 1 if index == self.index else 1, collectives_made())
         for loader in self._loaders:
             loader.trained()
 
@@ -195,8 +197,10 @@ class TrainSession:
         return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._foreign_ddp
 
     def foreign_ddp(self) -> None:
-        """`prepare_model` built DDP on a process group of the loop's: its collectives cannot follow the
-        loop into a new group, so every recovery re-enters the loop."""
+        """The loop built DDP on a group of its own (`prepare_model(..., parallel_strategy_kwargs=
+        {"process_group": ...})`), or on the default group itself: its collectives cannot follow the loop
+        into a new group, or it divides its gradients by the world size it was built at, so every
+        recovery re-enters the loop."""
         self._foreign_ddp = True
 
     def go_on_in_place(self, at: str) -> bool:
@@ -208,21 +212,19 @@ class TrainSession:
         over it, with the shares the lost ranks did not complete. False: the loop must unwind and is
         entered afresh: always in a loop with no prepared loader (it shards its data by the rank and
         world size it read before)."""
-        index, steps = self._reduced
-        position = Position(self.index, steps if index == self.index else 0, at)
+        index, steps, calls = self._reduced
+        position = Position(self.index, steps if index == self.index else 0, at, collectives_made() - calls)
         if not self.recovers_in_place or not self._loaders or position == self._went_on_from:
             return False  # the same collective failed again where the loop went on in place: entered afresh
         self._lockstep.settle_pending()
-        before = self.context.assignment
         place = self._host.reform(position)
         if place is None:
             return False
         self._went_on_from = position
         self.context.assignment = place
         self._lockstep.reformed(place.world_size, place.generation)
-        lost = sorted(set(range(before.world_size)) - set(place.previous_ranks or ()))
         for loader in self._loaders:
-            loader.reformed(place.rank, place.world_size, lost, before.world_size)
+            loader.reformed(place.rank, place.world_size, place.previous_ranks or ())
         return True
 
     def finish(self) -> None:
@@ -330,8 +332,11 @@ def on_session_start(hook: Callable[[TrainSession], None]) -> None:
 
 
 def set_session(session: TrainSession | None) -> None:
+    """`session`'s loop runs on this thread from now (None: no loop runs); the default group's
+    failures go on in place through it."""
     global _current
     _current = session
+    follow(session)
     if session is not None:
         for hook in list(_session_hooks):
             hook(session)

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from elastic_train.worker.world_group import generation_group
+
 _ALIGN = 64  # bytes: each tensor's offset in the buffer, so that any dtype can be viewed there
 _NESTS = (dict, OrderedDict, list, tuple)  # rebuilt around their tensors; anything else is pickled whole
 
@@ -37,20 +39,20 @@ def share(state: Any | None) -> Any | None:
     hold `state` pass it, the others None. Returns `state` where it was held, else the lowest holding
     rank's, received; None on every rank if no rank holds it. Raises what a failed collective raises."""
     held: list[bool] = [False] * dist.get_world_size()
-    dist.all_gather_object(held, state is not None)
+    dist.all_gather_object(held, state is not None, group=generation_group())
     if all(held) or not any(held):
         return state
     source, rank = held.index(True), dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     sent: list[tuple[torch.Tensor, _Slot]] = []
     message: list[Any] = [_outline(state, device, sent) if rank == source else None]
-    dist.broadcast_object_list(message, src=source)
+    dist.broadcast_object_list(message, src=source, group=generation_group())
     outline, size = message[0]
     buffer = torch.empty(size, dtype=torch.uint8, device=device)
     for tensor, slot in sent:
         buffer[slot.offset : slot.offset + slot.nbytes] = _bytes(tensor)
     if size:
-        dist.broadcast(buffer, src=source)
+        dist.broadcast(buffer, src=source, group=generation_group())
     return state if state is not None else _fill(outline, buffer)
 
 
