@@ -36,8 +36,11 @@ def test_sigkill_of_rank_1_recovers_in_place_and_grows_back(local_ray, run_dirs)
     # The world shrank to 1, then returned to 2 once the freed CPU took a new worker.
     assert result.world_sizes[0] == 2 and 1 in result.world_sizes and result.world_sizes[-1] == 2
     assert any(p["world"] == 2 and p["step"] > fault["step"] for p in progress)
-    # The newcomer had paid PyTorch's first-use costs before it joined (the survivor would have waited).
-    assert len({p["pid"] for p in progress}) == 3 and all(p["warm"] for p in progress)
+    # The newcomer had paid PyTorch's first-use costs before it joined (the survivor would have waited);
+    # the first generation's workers pay them in their loops, all at once.
+    first = {p["pid"] for p in progress if p["generation"] == 0}
+    newcomers = [p for p in progress if p["pid"] not in first]
+    assert len(first) == 2 and len({p["pid"] for p in newcomers}) == 1 and all(p["warm"] for p in newcomers)
     # Losing a worker did not count as a failure of the user's code.
     assert not [e for e in result.events if e["kind"] == "failure"]
     print("kill -> next step: %.3f s" % (min(after) - fault["time"]), "world sizes:", result.world_sizes)

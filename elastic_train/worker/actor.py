@@ -99,10 +99,10 @@ class TrainWorker:
         )
         ctx = ray.get_runtime_context()
         self._node_id, self._ip = ctx.get_node_id(), ray.util.get_node_ip_address()
-        warm_up(use_cuda=spec.backend == "nccl")  # before it can be given a place: its peers would wait for it
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
         # of one process are not ordered).
-        ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid()))
+        if ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid())):
+            warm_up(use_cuda=spec.backend == "nccl")  # before it can be given a place: its peers would wait for it
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
