@@ -26,7 +26,8 @@ class Position:
     """Where a survivor's loop stands when it parks inside it: `steps` gradient reductions after report
     `index`, then `calls` collectives on the default group (worker/world_group.py), in the collective
     `at` names ("gradients": the step's reduction; "ddp": one of DDP's own; "collective": one of the
-    loop's; "report": report `index`'s barrier; "leave": past it, every rank leaving the group there).
+    loop's, "rooted" if it is a broadcast or reduce from rank 0; "report": report `index`'s barrier;
+    "leave": past it, every rank leaving the group there).
     Survivors at one position may go on in place (worker/session.py `go_on_in_place`)."""
 
     index: int

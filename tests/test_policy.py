@@ -413,11 +413,23 @@ def test_the_run_fails_once_its_failures_exceed_max_failures():
     ([Position(4, 1), Position(4, 1, "ddp")], None),  # one in the step's reduction, one in DDP's map of used parameters
     ([Position(4, 1, "collective", 2)] * 2, Position(4, 1, "collective", 2)),  # both failed in the loop's third
     ([Position(4, 1, "collective", 2), Position(4, 1, "collective", 1)], None),  # one passed a collective the other failed in
+    ([Position(4, 1, "rooted", 2)] * 2, Position(4, 1, "rooted", 2)),  # a broadcast from rank 0, which survived
     ([Position(4, 0), None], None),  # a newcomer: it has no state to go on from
     ([], None),
 ])
 def test_the_next_generation_goes_on_in_place_only_from_one_position(positions, expected):
-    assert policy.in_place(positions) == expected
+    assert policy.in_place(positions, list(range(len(positions)))) == expected
+
+
+@pytest.mark.timeout(10)
+def test_a_broadcast_from_rank_0_goes_on_in_place_only_if_rank_0_survived():
+    """Rank 1's input to the broadcast is its receive buffer: made again with it as the new rank 0, it
+    would hand every survivor what rank 1 was to receive."""
+    at = Position(4, 1, "rooted", 2)
+    assert policy.in_place([at, at], [0, 2]) == at
+    assert policy.in_place([at, at], [1, 2]) is None
+    gradients = Position(4, 1, "gradients", 0)
+    assert policy.in_place([gradients, gradients], [1, 2]) == gradients
 
 
 @pytest.mark.timeout(10)

@@ -66,7 +66,8 @@ def _survivors_scenario(rank: int, world: int, ports: list[int], control: dist.T
     dist.all_reduce(second)  # fails on rank 3's loss, then made again over ranks 0-2
     seen = {"first": first.item(), "second": second.item(), "went_on": list(went_on),
             "world": dist.get_world_size(), "default": isinstance(dist.group.WORLD, WorldGroup),
-            "first_default_size": first_default.size(), "calls": collectives_made(),
+            "first_default_size": first_default.size(), "rank_in_first": dist.get_rank(first_default),
+            "calls": collectives_made(),
             "own_group_size": generation_group().size()}
     broadcast = torch.tensor([float(rank)])
     dist.broadcast(broadcast, src=0)
@@ -93,6 +94,10 @@ def _survivors_scenario(rank: int, world: int, ports: list[int], control: dist.T
     seen["went_on_after"] = list(went_on)
     control.set(f"done {rank}", "1")
     control.wait(["done 0", "done 1"])
+    if rank == 1:
+        control.set("1 left", "1")
+    else:
+        control.wait(["1 left"])  # rank 0 serves the control store: it stays until rank 1 is past its last wait
     return seen
 
 
@@ -105,6 +110,7 @@ def test_a_loops_all_reduce_is_made_again_over_the_survivors_and_only_where_it_c
         assert seen["went_on"] == ["collective"]
         assert seen["world"] == seen["own_group_size"] == seen["first_default_size"] == 3
         assert seen["default"]
+        assert seen["rank_in_first"] in (0, 1), "a group taken before going on in place answers the new world"
         assert seen["calls"] == 2
         assert seen["foreign"] == [True], "a DDP on the default group divides by the size it was built at"
         assert seen["broadcast"] == 0.0

@@ -25,7 +25,6 @@ from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor.adoption import worker_prefix
 from elastic_train.supervisor.controller import Controller
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
-from elastic_train.supervisor.state import RunState
 from elastic_train.worker.actor import WorkerSpec
 
 
@@ -51,13 +50,13 @@ class Supervisor:
 
     # == workers: membership ==========================================================================
     async def worker_started(self, worker_id: int, node_id: str, ip: str, pid: int) -> bool:
-        """A worker's process is up, on `node_id`. True: the run's first generation has opened, so the
-        worker pays PyTorch's first-use costs before it parks (worker/warmup.py); the first
-        generation's workers pay them in their loops, all at once."""
+        """A worker's process is up, on `node_id`. True: the run is under way, so the worker pays
+        PyTorch's first-use costs before it parks (worker/warmup.py); the first generation's workers
+        pay them in their loops, all at once."""
         w = await self._record(worker_id)
         if w is not None:
             self._controller.roster.started(w, node_id, ip, pid)
-        return self._controller.state is not RunState.SCHEDULING
+        return self._controller.under_way
 
     async def park(self, worker_id: int, outcome: Outcome, free_port: int) -> Assignment | Stop:
         """A worker left its generation (or is new) and waits for its next place."""

@@ -53,6 +53,7 @@ class Controller:
         self._elastic: ElasticConfig = spec.elastic
         self._state = RunState.ADOPTING if adopting else RunState.SCHEDULING
         self._generation = -1
+        self._opened = False  # a generation opened under this supervisor
         self._world_size = 0
         self._entered = self._started = time.monotonic()
         self._expected_initial = 0
@@ -89,6 +90,12 @@ class Controller:
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def under_way(self) -> bool:
+        """Is a run under way, that a worker starting now would join? A generation opened under this
+        supervisor, or it adopts the workers of one."""
+        return self._opened or self._state is RunState.ADOPTING
 
     @property
     def world_size(self) -> int:
@@ -247,7 +254,7 @@ class Controller:
     def _in_place(self, candidates: list[WorkerRecord]) -> Position | None:
         """Where `candidates` would go on in place as the next generation (policy.in_place)."""
         return policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
-                                and w.rank >= 0 else None for w in candidates])
+                                and w.rank >= 0 else None for w in candidates], [w.rank for w in candidates])
 
     def _views(self) -> list[policy.Member]:
         return [policy.Member.of(m) for m in self.members()]
@@ -327,6 +334,7 @@ class Controller:
         previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
         self.reports.close(self._generation)
         self._generation += 1
+        self._opened = True
         self._world_size = len(chosen)
         if at is not None:  # the loops go on from their reports: nothing to load
             resume: ResumePlan | None = ResumePlan(index=at.index, generation=self._generation - 1)

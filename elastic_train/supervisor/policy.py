@@ -205,12 +205,16 @@ def resume_from(in_memory: ResumePlan | None, stored: CommittedCheckpoint | None
     return ResumePlan(index=stored.index, stored=stored, loader_states=stored.loader_states)
 
 
-def in_place(positions: list[Position | None]) -> Position | None:
+def in_place(positions: list[Position | None], ranks: list[int]) -> Position | None:
     """Where the next generation's members go on without leaving their loops: each member's position
-    (None: a newcomer, or a survivor that left its loop). Only when every member is a survivor that
-    parked inside its loop at one position: a newcomer has no state to go on from mid-step, and
-    survivors at different steps would reduce different steps' gradients together."""
+    (None: a newcomer, or a survivor that left its loop) and rank in the generation that ends. Only
+    when every member is a survivor that parked inside its loop at one position: a newcomer has no
+    state to go on from mid-step, and survivors at different steps would reduce different steps'
+    gradients together. A broadcast (or reduce) from rank 0 is made again only if rank 0 survived:
+    another rank's input to it is what it was to receive."""
     if not positions or any(p is None for p in positions) or len(set(positions)) != 1:
+        return None
+    if positions[0].at == "rooted" and 0 not in ranks:
         return None
     return positions[0]
 

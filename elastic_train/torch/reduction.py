@@ -53,6 +53,7 @@ class StepReduction:
             handle.remove()
             if not getattr(ddp, "user_comm_hook", False):
                 DistributedDataParallel.register_comm_hook(ddp, None, self._hook)
+                self._session.reduces_steps()
 
         handle = ddp.register_forward_pre_hook(first_forward)
 

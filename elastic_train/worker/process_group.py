@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
 from elastic_train.worker.nccl_env import apply_nccl_env
-from elastic_train.worker.world_group import install
+from elastic_train.worker.world_group import WorldGroup, forget, install
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +198,7 @@ class GenerationProcessGroup:
             generation, aborted, aborting = self._generation, self._aborted.is_set(), self._aborting
             self._generation, self._group, self._store, self._aborting = None, None, None, None
             self._listeners, self._fallback = None, []
+            forget()
             try:
                 groups = _forget_groups()
             except AttributeError as exc:  # another c10d layout: destroy here, blocking, as torch does
@@ -290,9 +291,10 @@ def _abort_groups(groups: list[dist.ProcessGroup], generation: int | None) -> No
 
 # -- c10d's registry ------------------------------------------------------------------------------
 def _registered_groups() -> list[dist.ProcessGroup]:
-    """The groups in c10d's registry, the newest first (the order `destroy_process_group` uses)."""
+    """The groups in c10d's registry, the newest first (the order `destroy_process_group` uses); not
+    the WorldGroups over them (they hold no group of their own)."""
     names = dict(dist.distributed_c10d._world.pg_names)  # a copy: the loop's thread may add a group meanwhile
-    return sorted(names, key=lambda group: names[group], reverse=True)
+    return sorted((g for g in names if not isinstance(g, WorldGroup)), key=lambda group: names[group], reverse=True)
 
 
 def _forget_groups() -> list[dist.ProcessGroup]:

@@ -75,6 +75,7 @@ class TrainSession:
         self._reduced = (self.index, 0, collectives_made())  # (report index, gradient reductions since, collectives until the last)
         self._went_on_from: Position | None = None  # where the loop last went on in place
         self._foreign_ddp = False
+        self._reduces_steps = False  # the step's gradients go through our comm hook (torch/reduction.py)
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -196,6 +197,13 @@ class TrainSession:
         gloo, unless `prepare_model` built a DDP on a group of the loop's own (`foreign_ddp`)."""
         return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._foreign_ddp
 
+    def reduces_steps(self) -> None:
+        """The loop's DDP reduces each step's gradients through our comm hook: the step is whole at
+        `reduced()`. Only then may a failed collective of the loop's own go on in place: otherwise the
+        loop may have reduced part of a step's gradients itself (a hand-written average), and the
+        batches drawn since the last report may have been applied already."""
+        self._reduces_steps = True
+
     def foreign_ddp(self) -> None:
         """The loop built DDP on a group of its own (`prepare_model(..., parallel_strategy_kwargs=
         {"process_group": ...})`), or on the default group itself: its collectives cannot follow the loop
@@ -216,6 +224,8 @@ class TrainSession:
         position = Position(self.index, steps if index == self.index else 0, at, collectives_made() - calls)
         if not self.recovers_in_place or not self._loaders or position == self._went_on_from:
             return False  # the same collective failed again where the loop went on in place: entered afresh
+        if at in ("collective", "rooted") and not self._reduces_steps:
+            return False
         self._lockstep.settle_pending()
         place = self._host.reform(position)
         if place is None:

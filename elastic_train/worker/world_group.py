@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import weakref
 from typing import Any, Callable, Protocol
 
 import torch
@@ -47,7 +49,9 @@ class _Following:
     def __init__(self) -> None:
         self.current: dist.ProcessGroup | None = None  # the generation's gloo group the loop is in
         self.loop: Loop | None = None  # while a loop runs
+        self.thread: int | None = None  # the loop's
         self.calls = 0  # collectives made so far: survivors compare where they stand (protocol.Position)
+        self.groups: weakref.WeakSet[WorldGroup] = weakref.WeakSet()  # every generation's, still held
 
 
 _following = _Following()
@@ -62,6 +66,9 @@ class Done(dist._Work):
         self._future.set_result(result)
 
     def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -96,13 +103,13 @@ class WorldGroup(dist.ProcessGroup):
         opts = _opts(opts, dist.BroadcastOptions)
         if opts.rootRank != 0:
             return _following.current.broadcast(tensors, opts)
-        return run(lambda g: g.broadcast(tensors, opts), tensors, tensors)
+        return run(lambda g: g.broadcast(tensors, opts), tensors, tensors, "rooted")
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = _opts(opts, dist.ReduceOptions)
         if opts.rootRank != 0:
             return _following.current.reduce(tensors, opts)
-        return run(lambda g: g.reduce(tensors, opts), tensors, tensors)
+        return run(lambda g: g.reduce(tensors, opts), tensors, tensors, "rooted")
 
     def barrier(self, opts: Any = None) -> dist.Work:
         return run(lambda g: g.barrier(_opts(opts, dist.BarrierOptions)), [], None)
@@ -133,10 +140,15 @@ def run(op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor
         at: str = "collective") -> dist.Work:
     """`op` on the current generation's group, waited for; after a failure, again from the same
     `changed` inputs (a failed all-reduce may have written partial sums into them) on the group
-    re-formed in place, if the loop can go on in place `at` this collective. Where it cannot, the
-    group's own work, not waited for: its failure unwinds the loop."""
+    re-formed in place, if the loop can go on in place `at` this collective. Where it cannot (no loop
+    runs, or not on this thread), the group's own work, not waited for: its failure unwinds the loop.
+    A collective of the loop's inside autograd's backward reduces gradients in a way not ours: the
+    loop is re-entered at every recovery from then on."""
     loop = _following.loop
-    if loop is None or (at == "collective" and torch._C._current_graph_task_id() != -1):
+    if loop is None or _following.thread != threading.get_ident():
+        return op(_following.current)
+    if at != "ddp" and torch._C._current_graph_task_id() != -1:
+        loop.foreign_ddp()
         return op(_following.current)
     before = [t.clone() for t in changed]
     while True:
@@ -144,7 +156,7 @@ def run(op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor
             op(_following.current).wait()
             _following.calls += 1
             return Done(result)
-        except Exception:
+        except RuntimeError:  # a failed collective (DistError is one); an argument's error is raised at once
             if not loop.go_on_in_place(at):
                 raise
             logger.info("a collective of the loop is made again over the %d ranks that went on in place",
@@ -168,18 +180,30 @@ def _opts(opts: Any, kind: type) -> Any:
 
 def install(current: dist.ProcessGroup) -> WorldGroup:
     """Make a `WorldGroup` on `current` (the generation's group, just made default by
-    `init_process_group`, and still registered for teardown under its own name) the default group."""
+    `init_process_group`, and still registered for teardown under its own name) the default group.
+    The earlier generations' WorldGroups a loop still holds are registered again, for the new world."""
     _following.current = current
     world = WorldGroup(current)
+    _following.groups.add(world)
     c10d._update_default_pg(world)
-    c10d._world.pg_map[world] = c10d._world.pg_map[current]
-    c10d._world.pg_group_ranks[world] = {i: i for i in range(current.size())}
+    registry = c10d._world
+    for group in _following.groups:
+        registry.pg_map[group] = registry.pg_map[current]
+        registry.pg_names[group] = registry.pg_names[current]  # functional collectives resolve it by name
+        registry.pg_backend_config[group] = registry.pg_backend_config[current]
+        registry.pg_to_tag[group] = registry.pg_to_tag[current]
+        registry.pg_group_ranks[group] = {i: i for i in range(current.size())}
     return world
+
+
+def forget() -> None:
+    """The generation's group is being torn down (process_group.py `leave`): let go of it here."""
+    _following.current = None
 
 
 def follow(loop: Loop | None) -> None:
     """`loop`'s session runs on this thread from now (None: no loop runs)."""
-    _following.loop = loop
+    _following.loop, _following.thread = loop, threading.get_ident() if loop is not None else None
 
 
 def collectives_made() -> int:
