@@ -19,32 +19,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elastic_train.worker.world_group import generation_group, run
-
-_GLOO = dist.ProcessGroup.BackendType.GLOO
-_CPU = torch.device("cpu")
+from elastic_train.worker.world_group import WorldGroup, generation_group, run
 
 
-class ElasticGroup(dist.ProcessGroup):
-    """DDP's process group: DDP's collectives on the process's `WorldGroup`, whose failures during
-    autograd's backward (the map of used parameters) go on in place too: they are DDP's, not a
-    gradient reduction of the loop's."""
+class ElasticGroup(WorldGroup):
+    """DDP's process group: a `WorldGroup` whose collectives are DDP's. Those that fail
+    inside autograd's backward (the map of used parameters) go on in place too, as do its all-gathers
+    (the shape check as it is built), and its broadcasts (rank 0's buffers) whichever rank is rank 0
+    now: each rank's input is its own copy."""
 
     def __init__(self) -> None:
-        current = generation_group()
-        super().__init__(current.rank(), current.size())
-        # DDP's construction log asks the group for its backend by device: the generation's gloo.
-        self._set_default_backend(_GLOO)
-        self._register_backend(_CPU, _GLOO, current._get_backend(_CPU))
-
-    def rank(self) -> int:
-        return generation_group().rank()
-
-    def size(self) -> int:
-        return generation_group().size()
-
-    def getBackendName(self) -> str:
-        return "gloo"
+        super().__init__(generation_group())
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         return run(lambda group: group.allreduce(tensors, opts), tensors, tensors, "ddp")

@@ -255,12 +255,7 @@ class TrainWorker:
         loops go on in place, else keep its place for `run` once the loop unwound."""
         generation = self._assignment.generation
         self._leave(generation)
-        self._held.own.freeze()  # live parts become files, or are dropped if written to since their report
-        outcome = Outcome(Exit.UNWOUND, generation, in_place=position)
-        unagreed = self._session.unagreed if self._session is not None else None
-        if unagreed is not None and (generation, unagreed.index) in self._held.own.keys():
-            outcome.unagreed = unagreed  # should the next generation not go on in place, it may resume from it
-        place = self._park(outcome)
+        place = self._park(self._left(Outcome(Exit.UNWOUND, generation, in_place=position), generation))
         if not isinstance(place, Assignment) or place.previous_ranks is None:
             self._next = place if place is not None else Stop("the supervisor is gone")
             return None
@@ -302,9 +297,7 @@ class TrainWorker:
             if self._generation is not None:  # else left already: parked inside the loop, which then unwound
                 self._leave(self._generation)
         generation = session.context.assignment.generation  # a loop that went on in place is in a later one
-        self._held.own.freeze()  # live parts become files, or are dropped if written to since their report
-        if session.unagreed is not None and (generation, session.unagreed.index) in self._held.own.keys():
-            outcome.unagreed = session.unagreed
+        self._left(outcome, generation)
         logger.info("worker %d left generation %d: %s", self.worker_id, generation, outcome.exit.value)
         return outcome
 
@@ -333,6 +326,16 @@ class TrainWorker:
                 return Outcome(Exit.UNWOUND if ended else Exit.COLLECTIVE_ERROR, generation, detail)
             # after the generation ended it unwound; what it raised may still explain a failure
             return Outcome.user_error(generation, exc, detail, Exit.UNWOUND if ended else Exit.USER_ERROR)
+
+    def _left(self, outcome: Outcome, generation: int) -> Outcome:
+        """`outcome` of leaving `generation`: live parts become files (or are dropped if written to since
+        their report), and a report whose barrier failed travels with it if its part is held: the next
+        generation may resume from it (should it not go on in place)."""
+        self._held.own.freeze()
+        unagreed = self._session.unagreed if self._session is not None else None
+        if unagreed is not None and (generation, unagreed.index) in self._held.own.keys():
+            outcome.unagreed = unagreed
+        return outcome
 
     def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts) -> None:
         """A reported part: held in memory, and with `replicate` copied to the generation's buddy."""

@@ -3,7 +3,7 @@
 A survivor keeps its process across generations; only the group is torn down and rebuilt. Each
 generation's group is this process's *default* group, so `dist.all_reduce(x)`, `dist.get_rank()` and
 DDP without a named group work unchanged and see the generation's world (where loops go on in place,
-through one `WorldGroup` that follows the generations: world_group.py). `abort(g)` acts only on
+through a `WorldGroup` that follows the loop into later generations: world_group.py). `abort(g)` acts only on
 generation `g`'s group, at once, from any thread (gloo: its TCP connections are shut down; NCCL:
 non-blocking communicators aborted), also while that group is still forming; `leave()` tears the
 group down off the training thread, with a deadline. docs/process_group.md: why each step, what was

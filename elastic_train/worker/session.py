@@ -194,7 +194,7 @@ class TrainSession:
     @property
     def recovers_in_place(self) -> bool:
         """May the loop go on in place when a peer is lost under it? ElasticConfig.recover_in_place, on
-        gloo, unless `prepare_model` built a DDP on a group of the loop's own (`foreign_ddp`)."""
+        gloo, unless the loop has a DDP that is not `prepare_model`'s own (`foreign_ddp`)."""
         return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._foreign_ddp
 
     def reduces_steps(self) -> None:
