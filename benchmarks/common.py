@@ -152,7 +152,7 @@ def train_loop(config: dict[str, Any]) -> None:
     `live` (elastic_train only: see `Checkpointing`), every rank reports its live state every step
     instead; with `checkpoint_every` 0, no checkpoint at all (elastic_train keeps the model and
     optimizer live). Every rank logs each step's start and end to `<log_dir>/progress.jsonl` before
-    reporting. With `kills` and `kill_every`, rank 1 SIGKILLs itself on schedule (see `_kill_if_due`)."""
+    reporting. With `kills` and `kill_every`, rank 1 SIGKILLs itself on schedule (see `kill_if_due`)."""
     from torch.utils.data import DataLoader
 
     api = importlib.import_module(config["api"])
@@ -186,7 +186,7 @@ def train_loop(config: dict[str, Any]) -> None:
             break
         rank = context.get_world_rank()
         if rank == 1 and config.get("kills"):
-            _kill_if_due(log, step, config["kills"], config["kill_every"])
+            kill_if_due(log, step, config["kills"], config["kill_every"])
         began = time.time()
         loss = train_step(ddp, optimizer, table[ids % TABLE], config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": context.get_world_rank(),
@@ -208,7 +208,7 @@ def train_loop(config: dict[str, Any]) -> None:
             api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
 
 
-def _kill_if_due(log: Path, step: int, kills: int, every: int) -> None:
+def kill_if_due(log: Path, step: int, kills: int, every: int) -> None:
     """SIGKILL this process if a kill not yet done is due at or before `step` (the earliest one)."""
     for k in range(kills):
         due = every * (k + 1)

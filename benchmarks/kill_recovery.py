@@ -39,6 +39,7 @@ and takes one report per worker per poll, so reporting every step caps its steps
     python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --systems elastic_train,torchft
     python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --width 2048   # 128 MB of state to restore
     python -m benchmarks.kill_recovery --framework lightning --quick
+    python -m benchmarks.kill_recovery --parallel fsdp --quick --checkpoint-every 0   # re-shard from memory
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import elastic_train as et
 from benchmarks import torchft_system
+from benchmarks.fsdp_loop import FSDP_WIDTH
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
                                chosen_systems, machine_facts, median_spread, reported_step, spread, WIDTH)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
@@ -73,12 +75,12 @@ SYSTEMS = ("elastic_train", "ray_train", "torchft")
 API = {"elastic_train": "elastic_train", "ray_train": "ray.train"}
 # The module whose train_loop(config) runs the workload, per framework.
 FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_loop",
-              "transformers": "benchmarks.transformers_loop"}
+              "transformers": "benchmarks.transformers_loop", "fsdp": "benchmarks.fsdp_loop"}
 
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
                ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing(),
-               width: int = WIDTH, fixed: bool = False) -> dict[str, Any]:
+               width: int = WIDTH, fixed: bool = False, workers: int = NUM_WORKERS) -> dict[str, Any]:
     """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
@@ -92,23 +94,23 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     if system == "ray_train" and ray_poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name = str(workdir / "storage"), "kill_recovery"
-    ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     try:
         started = time.monotonic()
         if system == "torchft":
-            facts = torchft_system.run(config, NUM_WORKERS, workdir)
-            return {"system": system, "wall_s": round(time.monotonic() - started, 2), **facts, **measure(log)}
+            facts = torchft_system.run(config, workers, workdir)
+            return {"system": system, "wall_s": round(time.monotonic() - started, 2), **facts, **measure(log, workers)}
         if system == "ray_train":
             result = RayTorchTrainer(
                 train_loop, train_loop_config=config,
-                scaling_config=ray.train.ScalingConfig(num_workers=NUM_WORKERS),
+                scaling_config=ray.train.ScalingConfig(num_workers=workers),
                 run_config=ray.train.RunConfig(storage_path=storage, name=name,
                                                failure_config=ray.train.FailureConfig(max_failures=kills + 2)),
             ).fit()
         else:
             result = ElasticTorchTrainer(
                 train_loop, train_loop_config=config,
-                scaling_config=et.ScalingConfig(num_workers=NUM_WORKERS if fixed else (1, NUM_WORKERS)),
+                scaling_config=et.ScalingConfig(num_workers=workers if fixed else (1, workers)),
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=kills + 2),
                                         checkpoint_config=checkpointing.elastic_config()),
@@ -116,10 +118,10 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         wall = time.monotonic() - started
     finally:
         ray.shutdown()
-    return {"system": system, "wall_s": round(wall, 2), "final_step": reported_step(result), **measure(log)}
+    return {"system": system, "wall_s": round(wall, 2), "final_step": reported_step(result), **measure(log, workers)}
 
 
-def measure(log: Path) -> dict[str, Any]:
+def measure(log: Path, workers: int = NUM_WORKERS) -> dict[str, Any]:
     """Per kill: the time to the next step and back to full size, and the steps rank 0 redid."""
     progress = sorted((json.loads(line) for line in (log / "progress.jsonl").read_text().splitlines()),
                       key=lambda r: r["time"])
@@ -135,13 +137,13 @@ def measure(log: Path) -> dict[str, Any]:
         after = [r for r in progress if kill["time"] < r["time"] < end
                  and not (r["pid"] in old_pids and r["step"] < kill["step"])]
         resume.append(round(after[0]["time"] - kill["time"], 3) if after else None)
-        full = next((r for r in after if r["world_size"] == NUM_WORKERS), None)
+        full = next((r for r in after if r["world_size"] == workers), None)
         full_size.append(round(full["time"] - kill["time"], 3) if full else None)
         pauses = []
         for pid in old_pids:
             steps = [r for r in progress if r["pid"] == pid and r["time"] < end]
-            grown = next((i for i, r in enumerate(steps) if i and r["world_size"] == NUM_WORKERS
-                          and steps[i - 1]["world_size"] < NUM_WORKERS and r["time"] > kill["time"]), None)
+            grown = next((i for i, r in enumerate(steps) if i and r["world_size"] == workers
+                          and steps[i - 1]["world_size"] < workers and r["time"] > kill["time"]), None)
             if grown is not None:
                 pauses.append(steps[grown]["time"] - steps[grown - 1]["time"] - step_s)
         grow_pause.append(round(max(pauses), 3) if pauses else None)
@@ -162,21 +164,39 @@ def measure(log: Path) -> dict[str, Any]:
         "steps_redone_total": sum(redone),
         "step_s_median": round(step_s, 3),
         "rank0_steps_by_world_size": dict(sorted(Counter(r["world_size"] for r in rank0).items())),
+        **_sharded_costs(progress, kill_records),
     }
+
+
+def _sharded_costs(progress: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
+    """The FSDP loop's own timings (benchmarks.fsdp_loop): per kill, the longest time a rank of the
+    next generation took from entering the loop to a sharded model restored; and the median report."""
+    if not any("report_s" in r for r in progress):
+        return {}
+    prepared = []
+    for kill in kills:
+        first = [r for r in progress if "prepared_s" in r and r["start"] > kill["time"]]
+        generation = [r["prepared_s"] for r in first if r["start"] - first[0]["start"] < 1.0] if first else []
+        prepared.append(round(max(generation), 3) if generation else None)
+    return {**spread("prepared_s", prepared),
+            "report_s_median": round(statistics.median(r["report_s"] for r in progress if "report_s" in r), 4)}
 
 
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
-    rows = ["| system | kills | kill -> next step: median (min-max) | kill -> 2 workers again: median (min-max) "
-            "| survivors' pause when growing: median (min-max) | steps redone: total (median) "
-            "| rank-0 steps at world size | step | wall |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    sharded = report.get("framework") == "fsdp"  # the loop's own timings: benchmarks.fsdp_loop
+    extra = " | loop entry -> state restored: median (min-max) | report |" if sharded else " |"
+    rows = [f"| system | kills | kill -> next step: median (min-max) | kill -> {report.get('workers', NUM_WORKERS)} "
+            "workers again: median (min-max) | survivors' pause when growing: median (min-max) "
+            "| steps redone: total (median) | rank-0 steps at world size | step | wall" + extra,
+            "| --- " * (11 if sharded else 9) + "|"]
     for s in report["systems"]:
         sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
+        costs = f" | {median_spread(s, 'prepared_s')} | {s['report_s_median'] * 1000:.1f} ms |" if sharded else " |"
         rows.append(f"| {s['system']} | {s['kills']} | {median_spread(s, 'resume_s')} "
                     f"| {median_spread(s, 'full_size_s')} | {median_spread(s, 'grow_pause_s')} "
                     f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
-                    f"| {sizes} | {s['step_s_median']:.3f} s | {s['wall_s']:.1f} s |")
+                    f"| {sizes} | {s['step_s_median']:.3f} s | {s['wall_s']:.1f} s" + costs)
     return "\n".join(rows)
 
 
@@ -193,8 +213,11 @@ def main() -> None:
                         help="Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default: Ray's own, 2 s)")
     parser.add_argument("--fixed", action="store_true",
                         help="elastic_train at a fixed size (num_workers=2) rather than num_workers=(1, 2)")
-    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
+    parser.add_argument("--framework", choices=sorted(set(FRAMEWORKS) - {"fsdp"}), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                        help="fsdp: the torch loop's model sharded with FSDP2 (benchmarks.fsdp_loop), 3 workers, "
+                             f"width {FSDP_WIDTH} (3.2 M parameters), AdamW; torchft is not run (it does not re-shard)")
     add_systems_option(parser, SYSTEMS)
     add_checkpoint_options(parser)
     parser.add_argument("--out", type=Path, default=None,
@@ -202,11 +225,21 @@ def main() -> None:
                              "(default: results/kill_recovery, with _<framework> for a framework other than torch)")
     args = parser.parse_args()
     systems = chosen_systems(parser, args, SYSTEMS)
+    workers = NUM_WORKERS
+    if args.parallel == "fsdp":
+        if args.framework != "torch":
+            parser.error("--parallel fsdp runs the torch loop")
+        if args.live:
+            parser.error("--live reports dict checkpoints: the FSDP loop reports DCP checkpoints or none (--checkpoint-every 0)")
+        args.framework, workers = "fsdp", 3
+        args.width = FSDP_WIDTH if args.width == WIDTH else args.width
+        if "torchft" in systems:
+            systems.remove("torchft")
     if args.framework != "torch" and "torchft" in systems:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
         systems.remove("torchft")
-    if args.framework != "torch" and (args.live or args.checkpoint_every == 0 or args.width != WIDTH):
+    if args.framework not in ("torch", "fsdp") and (args.live or args.checkpoint_every == 0 or args.width != WIDTH):
         parser.error("--live, --checkpoint-every 0 and --width are for the torch loop: Lightning and transformers "
                      "loops build and checkpoint their own model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -220,7 +253,7 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out, chosen_checkpointing(args), args.width, args.fixed))
+                                  out, chosen_checkpointing(args), args.width, args.fixed, workers))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
@@ -229,7 +262,8 @@ def main() -> None:
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,
         "width": args.width,
-        "elastic_train_scaling": NUM_WORKERS if args.fixed else [1, NUM_WORKERS],
+        "workers": workers,
+        "elastic_train_scaling": workers if args.fixed else [1, workers],
         "ray_train_health_check_interval_s": args.ray_poll_s,
         "checkpointing": chosen_checkpointing(args).describe(),
         "total_wall_s": round(time.monotonic() - started, 2),

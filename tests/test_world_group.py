@@ -51,7 +51,7 @@ def _survivors_scenario(rank: int, world: int, ports: list[int], control: dist.T
             group.join(_assignment(1, rank, 3, ports[1]))
             return True
 
-        def foreign_ddp(self) -> None:
+        def bound_to_world(self) -> None:
             foreign.append(True)
 
     follow(Loop())

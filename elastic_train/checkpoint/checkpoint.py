@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Iterator
@@ -30,6 +31,23 @@ DICT_FILE = "dict_checkpoint.pt"
 METADATA_FILE = ".metadata.json"  # Checkpoint.set_metadata's file, as in Ray Train
 STATE_FILE = "live_state.pt"  # the state `prepare_model(model, live_state=True)` keeps: for recovery only, never stored
 DICT_PART_NAMES = {DICT_FILE, METADATA_FILE, STATE_FILE}  # a dict part's files: one rank's part is all of it
+_SHARE_FILE = re.compile(r"live_state\.(\d+)\.pt")  # a sharded model's kept state: each rank's share (sharded_state.py)
+
+
+def share_file(rank: int) -> str:
+    """The file of rank `rank`'s share of a sharded model's kept state."""
+    return f"live_state.{rank}.pt"
+
+
+def share_rank(name: str) -> int | None:
+    """The rank whose share file `name` is; None if it is none."""
+    found = _SHARE_FILE.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
+def is_state_file(name: str) -> bool:
+    """A kept state's file (whole, or a rank's share): for recovery only, never stored."""
+    return name == STATE_FILE or share_rank(name) is not None
 
 
 def needs_replica(names: list[str], every_rank_holds_one: bool) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES, STATE_FILE
+from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES, is_state_file, share_file, share_rank
 from elastic_train.protocol import HeldCheckpoint, ResumePlan, WorkerInfo
 
 PRUNE_AFTER = 64  # entries added since the last prune before the next one (keeps pruning O(1) per report)
@@ -55,8 +55,25 @@ class ReportEntry:
     @property
     def whole(self) -> bool:
         """Its files are known: every rank reported, or it was made by all and any one dict part is the
-        whole checkpoint (ranks that report the same name report the same content)."""
-        return self.complete or (self.made_by_all and bool(self.parts) and self.names <= DICT_PART_NAMES)
+        whole checkpoint (ranks that report the same name report the same content), or every rank's
+        share of a sharded model's kept state is held (a rank's share is held, and copied to its
+        buddy, as it is reported: one that died with its report on the way left its share behind)."""
+        if self.complete:
+            return True
+        known = self.names.union(*self.replicas.values())
+        return self.made_by_all and bool(self.parts) and (self.names <= DICT_PART_NAMES or self.shares <= known)
+
+    @property
+    def shares(self) -> set[str]:
+        """Every rank's share file of a sharded model's kept state at this report's world size."""
+        return {share_file(rank) for rank in range(self.world_size)}
+
+    def served(self) -> set[str]:
+        """The files a resume from this report reads: a kept state's (every rank's share of a sharded
+        one), or the checkpoint's without the kept state reported beside it."""
+        if not self.state_only:
+            return {n for n in self.names if not is_state_file(n)}
+        return self.shares if any(share_rank(n) is not None for n in self.names) else self.names
 
     @property
     def names(self) -> set[str]:
@@ -65,8 +82,10 @@ class ReportEntry:
     @property
     def state_only(self) -> bool:
         """The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): served
-        from memory to the next generation, never stored."""
-        return self.names == {STATE_FILE}
+        from memory to the next generation, never stored. Whole on every rank, or each rank's share of a
+        sharded model's."""
+        names = self.names
+        return bool(names) and all(map(is_state_file, names))
 
     @property
     def ready_to_commit(self) -> bool:
@@ -267,7 +286,7 @@ class CheckpointLedger:
             holders: dict[int, list[str]] = {}
             facts: dict[str, dict[str, Any]] = {}
             # A kept state is served alone; beside a checkpoint (a barrier failed as ranks reported both), never.
-            for name in sorted(entry.names if entry.state_only else entry.names - {STATE_FILE}):
+            for name in sorted(entry.served()):
                 holder = next((wid for wid in entry.holders(name) if serves(wid)), None)
                 if holder is None:
                     break

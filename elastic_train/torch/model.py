@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
+from elastic_train.torch.fsdp import shard
 from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
 from elastic_train.worker.world_group import world_group
@@ -52,7 +53,8 @@ def prepare_model(
     parallel_strategy_kwargs: dict[str, Any] | None = None,
     live_state: bool = False,
 ) -> torch.nn.Module:
-    """Move `model` to this worker's device and wrap it in DDP when the world can have several ranks.
+    """Move `model` to this worker's device and wrap it in DDP (or shard it with FSDP2: torch/fsdp.py)
+    when the world can have several ranks.
 
     Call it on every generation's entry into the loop (the loop does): the DDP wrapper is bound to
     the process group of the generation it was made in. Ray Train returns the bare module at world
@@ -71,21 +73,30 @@ def prepare_model(
     `for epoch in range(loader.epoch, epochs)` over a prepared loader, or from
     `get_context().get_resume_index()`. Put the step's collectives before `optimizer.step()`.
     """
+    if parallel_strategy not in ("ddp", "fsdp", None):
+        raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): use 'ddp', 'fsdp' or None.")
     device = get_device()
     if move_to_device:
         model = model.to(device)
+    wraps = parallel_strategy is not None and dist.is_initialized() and _max_world_size() > 1
+    kwargs = dict(parallel_strategy_kwargs or {})
+    if parallel_strategy == "fsdp":  # sharded before its state is kept: the kept state is the shards
+        if wraps:
+            model = shard(model, kwargs, device)
+            if current_session() is not None:
+                current_session().bound_to_world()  # each rank holds its share of this world
+        if live_state:
+            get_session("prepare_model").keep_state(model)
+        return model
     if live_state:
         get_session("prepare_model").keep_state(model)
-    if parallel_strategy is None or not dist.is_initialized() or _max_world_size() == 1:
+    if not wraps:
         return model
-    if parallel_strategy != "ddp":
-        raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): only 'ddp' or None is supported.")
-    kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
     session = current_session()
     if session is not None and "process_group" in kwargs:
-        session.foreign_ddp()
+        session.bound_to_world()
     if session is None or not session.recovers_in_place or world_group() is None:
         return DistributedDataParallel(model, **kwargs)
     # A peer lost under the loop: DDP's collectives and the step's reduction complete on the survivors.

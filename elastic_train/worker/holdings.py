@@ -35,9 +35,9 @@ class Holdings:
     def hold(self, held: HeldCheckpoint, part: Part, facts: Facts, buddy: Any) -> None:
         """A reported part: held in memory, and its files copied to `buddy` (None: none) in the
         background, with their facts (on their way). A live part is not copied: its tensors change
-        under the copy (live_part.py)."""
+        under the copy (live_part.py); unless it is private (a sharded model's share, a copy already)."""
         self.own.put(held, part, facts=facts)
-        if buddy is not None and isinstance(part, dict):
+        if buddy is not None and (isinstance(part, dict) or part.private):
             self._replicator.submit(buddy, held, part, facts)
 
     def listed(self) -> list[HeldCheckpoint]:

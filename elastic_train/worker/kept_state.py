@@ -21,6 +21,9 @@ learning rate), is kept alongside when the loop hands it over (`elastic_train.to
 `state_dict()` is copied at each report (it changes with no tensor version) and loaded back into
 the object the re-entered loop hands over in the same place.
 
+A sharded model (FSDP2) is the exception: each rank holds a share no other has, so each report copies
+it to host memory (sharded_state.py), and a recovery re-shards the old ranks' shares to the new world.
+
 A report builds no state dict: it notes the versions of the parameters and of the optimizers' state
 tensors and copies the buffers and the optimizers' hyperparameters (a scheduler writes those with no
 version); the state dicts are built when a recovery reads them (live_part.py), out of the same tensors.
@@ -32,10 +35,12 @@ import copy
 from typing import Any, Callable, Protocol
 
 import torch
+import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from elastic_train.checkpoint.checkpoint import STATE_FILE
+from elastic_train.checkpoint.checkpoint import STATE_FILE, share_file
 from elastic_train.worker.live_part import LivePart, tensors_in
+from elastic_train.worker.sharded_state import is_sharded, local_copy
 
 
 class Stateful(Protocol):
@@ -50,6 +55,7 @@ class KeptState:
     def __init__(self, model: torch.nn.Module, restored: dict[str, Any] | None,
                  before_step: Callable[[], None] = lambda: None):
         self._model = model
+        self._sharded = is_sharded(model)  # FSDP2: this rank's share of the state, copied at each report
         self._before = before_step  # may raise: the step is then not taken (the session's commit)
         self._params = {id(p) for p in model.parameters()}
         persistent = set(model.state_dict())
@@ -81,6 +87,11 @@ class KeptState:
             self._optimizers.append(optimizer)
         self._before()
 
+    @property
+    def sharded(self) -> bool:
+        """Is the model sharded (each rank holds its share of the world it was built at)?"""
+        return self._sharded
+
     def keep(self, obj: Stateful) -> None:
         """Keep `obj`'s state too; loaded now from the state restored, if this generation has one (the
         objects are matched by the order the loop hands them over)."""
@@ -111,6 +122,9 @@ class KeptState:
                     state["param_groups"] = [{**g, "params": h["params"]} for g, h in zip(hyper, state["param_groups"])]
             return {"model": model, "optimizers": built + pending, "objects": objects}
 
+        if self._sharded:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return LivePart(local_copy(build(), rank), file=share_file(rank), private=True)
         return LivePart(build, file=STATE_FILE, tensors=tensors)
 
     def close(self) -> None:
@@ -121,7 +135,11 @@ class KeptState:
 def _load(model: torch.nn.Module, state: dict[str, Any]) -> None:
     """Load `state` into `model`, but not onto the model's own tensors: a model object the loop kept
     across generations holds its parameters already, and a state that a survivor holds for its peers
-    must not be written (each write moves its versions on: live_part.py)."""
+    must not be written (each write moves its versions on: live_part.py). A sharded model's state is
+    made for it afresh (sharded_state.py `reshard`)."""
+    if is_sharded(model):
+        model.load_state_dict(state)
+        return
     own = model.state_dict()
     fresh = {k: v for k, v in state.items() if k not in own or own[k].data_ptr() != v.data_ptr()}
     if len(fresh) == len(state):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, STATE_FILE, Checkpoint, dict_to_bytes
+from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, Checkpoint, dict_to_bytes, is_state_file
 
 
 def tensors_in(value: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -48,11 +48,15 @@ class LivePart:
     """One rank's dict checkpoint, by reference, with the versions its tensors had when reported."""
 
     def __init__(self, data: dict[str, Any] | Callable[[], dict[str, Any]], file: str = DICT_FILE,
-                 metadata: dict[str, Any] | None = None, tensors: list[torch.Tensor] | None = None):
+                 metadata: dict[str, Any] | None = None, tensors: list[torch.Tensor] | None = None,
+                 private: bool = False):
         """`data`: the dict reported; or a function that builds it when first read, out of `tensors`
-        (and tensors that share their storage), whose versions are noted now."""
+        (and tensors that share their storage), whose versions are noted now. `private`: `data` is a
+        copy no one writes (a sharded model's share: sharded_state.py): kept beside newer parts, and
+        serialized in the background to be replicated."""
+        self.private = private
         self._data, self._build = (data, None) if isinstance(data, dict) else (None, data)
-        self._file = file  # DICT_FILE; STATE_FILE for the state a run keeps live with no checkpoint (kept_state.py)
+        self._file = file  # DICT_FILE; a kept state's file for the state a run keeps live with no checkpoint (kept_state.py)
         self._metadata = metadata
         self._versions = [(t, t._version) for t in (tensors_in(data) if tensors is None else tensors)]
         self._foreign = False  # built with a tensor not noted at the report (or noted, but written since)
@@ -82,7 +86,7 @@ class LivePart:
     @property
     def state_only(self) -> bool:
         """The state kept for recovery alone (never stored), not a checkpoint the loop reported."""
-        return self._file == STATE_FILE
+        return is_state_file(self._file)
 
     def clean(self) -> bool:
         """Do the tensors still hold the state that was reported (none written in place since)?"""

@@ -107,7 +107,7 @@ class Lockstep:
                 self._barrier_failed(exc, pending.made.report.index, made)
             pending.send(self._agreed)
             previous = pending.made
-            if previous.held is not None and previous.live is not None and previous.report.names is not None:
+            if _held_once_agreed(previous) and previous.report.names is not None:
                 self._host.hold(previous.held, previous.live, False, None)
         return self._agreed
 
@@ -176,6 +176,13 @@ class Lockstep:
         every peer: each rank's share of the step is then in the state held. That state is the
         freshest there is: the previous report's live part holds the same tensors, moved on since. The
         supervisor hears of it when this worker parks, and may resume the next generation from it."""
-        if made.held is not None and made.live is not None and made.stepped:
+        if _held_once_agreed(made) and made.stepped:
             self._host.hold(made.held, made.live, False, None)
+        if made.held is not None and made.live is not None and made.stepped:
             self.unagreed = made.report
+
+
+def _held_once_agreed(made: Made) -> bool:
+    """Is `made`'s live part held once its barrier passed? Not a rank's share of a sharded model: that
+    is held as it is reported (session.py)."""
+    return made.held is not None and made.live is not None and not made.live.private

@@ -25,7 +25,8 @@ class CheckpointMemory:
     generation reports the same indices again, and a part of an older generation must never be served
     for one of a newer. A part is its files, or a dict checkpoint's live tensors (live_part.py), of
     which only the newest is kept: an older one holds the same tensors, moved on. Each part's files
-    have their facts (size, SHA-256), made with them in the background. Thread-safe."""
+    have their facts (size, SHA-256), made with them in the background. A private live part (a sharded
+    model's share, copied at its report) is kept as files are. Thread-safe."""
 
     def __init__(self, keep: int):
         self._keep = keep
@@ -42,8 +43,8 @@ class CheckpointMemory:
         with self._lock:
             key = (held.generation, held.index)
             merged = False
-            if isinstance(part, LivePart):
-                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart)]:
+            if isinstance(part, LivePart) and not part.private:
+                for older in [k for k, (_, p) in self._parts.items() if isinstance(p, LivePart) and not p.private]:
                     self._drop(older)
             elif key in self._parts and not isinstance(self._parts[key][1], LivePart):
                 # more of the same checkpoint (parts handed over by two peers): merged

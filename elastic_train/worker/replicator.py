@@ -18,6 +18,7 @@ from typing import Any, Callable
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.worker.background import BackgroundThread
+from elastic_train.worker.live_part import LivePart
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 Facts = Future[dict[str, dict[str, Any]]] | None  # a part's files' size and SHA-256, made in the background
 
 
-Copy = tuple[Any, HeldCheckpoint, dict[str, bytes], Facts]  # (peer, held, files, facts)
+Copy = tuple[Any, HeldCheckpoint, "dict[str, bytes] | LivePart", Facts]  # (peer, held, files or a private live part, facts)
 
 
 class Replicator(BackgroundThread[Copy]):
@@ -36,9 +37,10 @@ class Replicator(BackgroundThread[Copy]):
         self._next: tuple[int, Copy] | None = None  # (number, the copy to make)
         self._start()
 
-    def submit(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes], facts: Facts) -> None:
+    def submit(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes] | LivePart, facts: Facts) -> None:
         """Copy `files` to `peer`, with the facts they were reported with (the peer's copy is checked
-        against them wherever it is served); a part still waiting is replaced."""
+        against them wherever it is served); a part still waiting is replaced. A private live part is
+        serialized here, off the loop's thread."""
         with self._changed:
             if self._next is not None:
                 self._drop(self._next[0])
@@ -52,7 +54,8 @@ class Replicator(BackgroundThread[Copy]):
         return copy, [number]
 
     def _do(self, copy: Copy) -> None:
-        peer, held, files, facts = copy
+        peer, held, part, facts = copy
+        files = part.files() if isinstance(part, LivePart) else part
         try:
             self._send(peer, dataclasses.replace(held, facts=facts_made(files, facts) or {}), files)
         except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another

@@ -15,15 +15,19 @@ import tempfile
 from typing import Any, Callable
 
 import ray
+import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
-from elastic_train.checkpoint.checkpoint import STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes
+from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes,
+                                                 is_state_file, share_file, share_rank)
 from elastic_train.checkpoint.manifest import file_problem
 from elastic_train.errors import CheckpointError, CorruptCopy, PeerLost
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.worker.host import SessionHost, SessionSetup
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
+from elastic_train.worker.sharded_state import is_sharded, needed, reshard
 from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
@@ -90,15 +94,19 @@ class Resume:
         self._scratch = tempfile.mkdtemp(prefix="elastic_train_session_")
         return checkpoint_from_files(files, self._scratch)
 
-    def kept_state(self) -> dict[str, Any] | None:
-        """The kept state this generation resumes from. A survivor has its own tensors (every rank's
-        kept state is the same; none is serialized), or a copy a leaving peer handed it. A newcomer
-        receives it from a survivor over the group (state_transfer.py), and holds it, the supervisor
-        told before it goes on, until its first report: a survivor lost before then does not take the
-        only copy with it. Over Ray only where no member holds it."""
+    def kept_state(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """The kept state this generation resumes from, for `model`. A survivor has its own tensors
+        (every rank's kept state is the same; none is serialized), or a copy a leaving peer handed it.
+        A newcomer receives it from a survivor over the group (state_transfer.py), and holds it, the
+        supervisor told before it goes on, until its first report: a survivor lost before then does
+        not take the only copy with it. Over Ray only where no member holds it. A sharded model's is
+        re-sharded from the old ranks' shares (`_resharded`)."""
         plan, host = self._plan, self._host
         if plan is None or not plan.state_only:
             return None
+        names = sorted({name for names in plan.holders.values() for name in names})
+        if names != [STATE_FILE]:
+            return self._resharded(plan, len(names), model)
         own = host.held_state(plan.generation, plan.index)
         if own is None:
             try:
@@ -117,18 +125,41 @@ class Resume:
         # and the held state must stay as reported while it may still serve a recovery.
         return {"model": state["model"], "optimizers": copy.deepcopy(state["optimizers"]), "objects": state["objects"]}
 
-    def _gather(self, plan: ResumePlan) -> dict[str, bytes]:
-        """The checkpoint's files from the memory of the survivors that hold them (this one included),
-        each checked against the facts it was reported with. A holder lost meanwhile ends the
+    def _resharded(self, plan: ResumePlan, old_world: int, model: torch.nn.Module) -> dict[str, Any]:
+        """This rank's share of a sharded model's kept state at the new world, out of the old ranks'
+        shares that hold its rows: its own, if it holds one of those, and the others read from the
+        survivors that hold them (reported, or kept as a buddy's replica)."""
+        if not is_sharded(model):
+            raise CheckpointError(
+                "this generation resumes from a sharded model's kept state, but the model handed to "
+                "prepare_model(live_state=True) is not sharded: shard it as the loop did before "
+                "(prepare_model(parallel_strategy='fsdp'), or fully_shard before prepare_model).")
+        mesh = next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+        wanted = needed(model, old_world)
+        shares: dict[int, dict[str, Any]] = {}
+        own = self._host.held_state(plan.generation, plan.index)
+        if own is not None and own["rank"] in wanted:
+            shares[own["rank"]] = own
+        missing = [share_file(rank) for rank in wanted if rank not in shares]
+        if missing:
+            for name, raw in self._gather(plan, missing).items():
+                shares[share_rank(name)] = dict_from_bytes(raw)
+        return reshard(shares, mesh)
+
+    def _gather(self, plan: ResumePlan, names: list[str] | None = None) -> dict[str, bytes]:
+        """The checkpoint's files (or those of `names`) from the memory of the survivors that hold
+        them (this one included), each checked against the facts it was reported with. A holder lost meanwhile ends the
         generation (the next one resumes from what is left), as a lost peer does: it is no error of
         the loop's. So does a copy that is not what was reported (`_check_served`)."""
         worker_id, peers = self._setup.worker_id, self._setup.context.assignment.peers
-        remote = [holder for holder in plan.holders if holder != worker_id]
-        refs = [peers[holder].read_checkpoint.remote(plan.generation, plan.index, plan.holders[holder])
+        holders = {holder: [n for n in held if names is None or n in names] for holder, held in plan.holders.items()}
+        holders = {holder: held for holder, held in holders.items() if held}
+        remote = [holder for holder in holders if holder != worker_id]
+        refs = [peers[holder].read_checkpoint.remote(plan.generation, plan.index, holders[holder])
                 for holder in remote]
         served: dict[int, dict[str, bytes]] = {}
-        if worker_id in plan.holders:
-            served[worker_id] = self._host.read_held(plan.generation, plan.index, plan.holders[worker_id])
+        if worker_id in holders:
+            served[worker_id] = self._host.read_held(plan.generation, plan.index, holders[worker_id])
         try:
             served.update(zip(remote, ray.get(refs)))
         except ray.exceptions.RayActorError as exc:
@@ -146,9 +177,10 @@ class Resume:
         checkpoint (the `checkpoint_copy_corrupt` event)."""
         for name in sorted(part):
             expected = plan.facts.get(name)
-            if expected is None:
-                logger.warning("%s of checkpoint %d, served from worker %d's memory, has no facts to check it against",
-                               name, plan.index, holder)
+            if expected is None:  # a share of a kept state served from its reporter's memory: never serialized there
+                log = logger.debug if is_state_file(name) else logger.warning
+                log("%s of checkpoint %d, served from worker %d's memory, has no facts to check it against",
+                    name, plan.index, holder)
                 continue
             problem = file_problem(name, part[name], expected, "its report")
             if problem is not None:

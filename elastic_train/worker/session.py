@@ -74,7 +74,7 @@ class TrainSession:
         self._collective_calls = 0
         self._reduced = (self.index, 0, collectives_made())  # (report index, gradient reductions since, collectives until the last)
         self._went_on_from: Position | None = None  # where the loop last went on in place
-        self._foreign_ddp = False
+        self._bound_to_world = False
         self._reduces_steps = False  # the step's gradients go through our comm hook (torch/reduction.py)
 
     # -- the user's API -------------------------------------------------------------------------
@@ -123,6 +123,8 @@ class TrainSession:
         report = Report(generation, self.index, dict(metrics), names, loader_states, dir_name,
                         plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
         made = Made(report, held, live, self._lockstep.stepped())
+        if live is not None and live.private:  # a rank's share: held, and sent to its buddy, at once (sharded_state.py)
+            self._host.hold(held, live, True, None)
         previous = self._barrier(made, lambda: self._lockstep.confirm(made))
         if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelines()):
             self._barrier(made, lambda: self._lockstep.go_on(made))
@@ -135,7 +137,7 @@ class TrainSession:
         if after.drops_kept:
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
-        if held is not None:  # held (and replicated) once agreed
+        if held is not None and not (live is not None and live.private):  # held (and replicated) once agreed
             self._host.hold(held, files if files is not None else live, replicate, facts)
         if plan.carries is Carries.LIVE:
             self._storing.live_reported()
@@ -194,8 +196,8 @@ class TrainSession:
     @property
     def recovers_in_place(self) -> bool:
         """May the loop go on in place when a peer is lost under it? ElasticConfig.recover_in_place, on
-        gloo, unless the loop has a DDP that is not `prepare_model`'s own (`foreign_ddp`)."""
-        return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._foreign_ddp
+        gloo, unless the loop's model is bound to the world it was built at (`bound_to_world`)."""
+        return self._setup.recover_in_place and self._setup.backend == "gloo" and not self._bound_to_world
 
     def reduces_steps(self) -> None:
         """The loop's DDP reduces each step's gradients through our comm hook: the step is whole at
@@ -204,12 +206,13 @@ class TrainSession:
         batches drawn since the last report may have been applied already."""
         self._reduces_steps = True
 
-    def foreign_ddp(self) -> None:
-        """The loop built DDP on a group of its own (`prepare_model(..., parallel_strategy_kwargs=
-        {"process_group": ...})`), or on the default group itself: its collectives cannot follow the loop
-        into a new group, or it divides its gradients by the world size it was built at, so every
-        recovery re-enters the loop."""
-        self._foreign_ddp = True
+    def bound_to_world(self) -> None:
+        """The loop's model is bound to the world it was built at: a DDP on a group of its own
+        (`prepare_model(..., parallel_strategy_kwargs={"process_group": ...})`) or on the default group
+        itself (its collectives cannot follow the loop into a new group, or it divides its gradients by
+        the world size it was built at), or sharded with FSDP (each rank holds its share of that
+        world). Every recovery re-enters the loop."""
+        self._bound_to_world = True
 
     def go_on_in_place(self, at: str) -> bool:
         """The group must re-form under the loop, which stands `at` (protocol.py `Position`): a
@@ -300,7 +303,9 @@ class TrainSession:
             raise ValueError(
                 "prepare_model(..., live_state=True) was called twice in one loop: keep the state of one model "
                 "(put several in one torch.nn.Module), or report the others in Checkpoint.from_dict.")
-        self._kept = KeptState(model, self._resume.kept_state(), self._lockstep.commit_step)
+        self._kept = KeptState(model, self._resume.kept_state(model), self._lockstep.commit_step)
+        if self._kept.sharded:
+            self.bound_to_world()
 
     def keep_object(self, obj: Any) -> None:
         """`elastic_train.torch.keep_state(obj)`: keep `obj`'s state with the model's."""

@@ -11,7 +11,8 @@ operation's failure (its result's shape depends on the world, or a peer is named
 as does a collective made inside autograd's backward (a gradient reduction that is not ours: one
 bucket made again over fewer ranks would mix two divisors). A DDP built on the default group (not by
 `prepare_model`) divides its gradients by the world size it was built at, so the loop that builds
-one is re-entered at every recovery. Our own collectives (a report's barrier, the gradient buckets,
+one is re-entered at every recovery; so is one whose model FSDP shards (its first gradient reduce-scatter
+says so: each rank holds its share of the world it was built at). Our own collectives (a report's barrier, the gradient buckets,
 a newcomer's state) run on `generation_group()` and handle their failures where they are made.
 """
 
@@ -40,7 +41,7 @@ class Loop(Protocol):
 
     def go_on_in_place(self, at: str) -> bool: ...
 
-    def foreign_ddp(self) -> None: ...
+    def bound_to_world(self) -> None: ...
 
 
 class _Following:
@@ -117,12 +118,14 @@ class WorldGroup(dist.ProcessGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], *opts: Any) -> dist.Work:
         if _building_ddp() and _following.loop is not None:  # DDP's check of the parameters' shapes, as it is built
             logger.info("the loop built DDP on the default group: every recovery re-enters the loop")
-            _following.loop.foreign_ddp()
+            _following.loop.bound_to_world()
         return _following.current.allgather(outputs, inputs, *opts)
 
 
 def _delegated(name: str) -> Callable[..., dist.Work]:
     def operation(self: WorldGroup, *args: Any) -> dist.Work:
+        if name in _SHARDING and _following.loop is not None and _following.thread == threading.get_ident():
+            _following.loop.bound_to_world()  # FSDP's gradient reduce-scatter: the loop's model is sharded
         return getattr(_following.current, name)(*args)
 
     operation.__name__ = name
@@ -130,6 +133,7 @@ def _delegated(name: str) -> Callable[..., dist.Work]:
     return operation
 
 
+_SHARDING = ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced")
 for _name in ("_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced", "gather", "scatter",
               "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
               "send", "recv", "recv_anysource"):
@@ -148,7 +152,7 @@ def run(op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor
     if loop is None or _following.thread != threading.get_ident():
         return op(_following.current)
     if at != "ddp" and torch._C._current_graph_task_id() != -1:
-        loop.foreign_ddp()
+        loop.bound_to_world()
         return op(_following.current)
     before = [t.clone() for t in changed]
     while True:

@@ -1,0 +1,168 @@
+"""`prepare_model(parallel_strategy="fsdp", live_state=True)` on real Ray: a transformer block stack
+sharded with FSDP2 over the generation's world, AdamW and an LR scheduler, its state kept as each
+rank's share. A rank SIGKILLed: the survivors re-shard the last report's state from their own shares
+and the lost rank's replica on its buddy, with no storage read; a replacement receives its rows the
+same way; a rank lost with its buddy: the run resumes from the loop's DCP checkpoint at the new size.
+Each generation's restored parameters equal the last report's bit for bit; every step's loss is the
+fault-free run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+import torch
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+import elastic_train as train
+from elastic_train import Checkpoint, RunConfig, ScalingConfig
+from elastic_train.torch import TorchTrainer, keep_state, load_state, prepare_model, save_state
+from tests.loops import log_progress, read_progress
+from tests.patterns import step_lines, summary
+
+BATCH = 12  # rows of each step's global batch: equal shares at 1, 2, 3 or 4 ranks
+STEPS = 40
+LR_STEP = 4  # the scheduler's period: each recovery must restore its count
+
+
+def blocks() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+              for _ in range(3)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 16))
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(BATCH, 4, 16, generator=g), torch.randn(BATCH, 4, 16, generator=g)
+
+
+def digest(model: torch.nn.Module) -> str:
+    """The whole parameters' SHA-256 (a collective: each rank gathers every shard)."""
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters()):
+        h.update(p.detach().full_tensor().numpy().tobytes())
+    return h.hexdigest()
+
+
+def fsdp_kept_loop(config: dict) -> None:
+    ctx = train.get_context()
+    model = prepare_model(blocks(), parallel_strategy="fsdp", live_state=True,
+                          parallel_strategy_kwargs={"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = keep_state(torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP, gamma=0.5))
+    start = ctx.get_resume_index()
+    checkpoint = train.get_checkpoint()
+    if checkpoint:  # the loop's own DCP checkpoint: where a rank and its buddy were lost together
+        with checkpoint.as_directory() as directory:
+            extra = load_state(directory, model, optimizer)
+        scheduler.load_state_dict(extra["scheduler"])
+        start = extra["step"]
+    world, rank = ctx.get_world_size(), ctx.get_world_rank()
+    restored = digest(model)
+    if rank == 0:
+        log_progress(config["log_dir"], restored=restored, at=start, generation=ctx.get_generation(), world=world)
+    for step in range(start + 1, STEPS + 1):
+        time.sleep(config["step_time"])  # the last report's share reaches the buddy meanwhile
+        for n, kill in enumerate(config["kills"]):
+            if step == kill["step"] and rank in kill["ranks"] and _once(config, f"kill{n}-rank{rank}"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(step)
+        per = BATCH // world
+        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        state = digest(model)
+        if rank == 0:
+            log_progress(config["log_dir"], step=step, loss=mean.item() / world, digest=state, rank=rank,
+                         world=world, generation=ctx.get_generation())
+        if step % config["checkpoint_every"] == 0:
+            with tempfile.TemporaryDirectory() as directory:
+                save_state(directory, model, optimizer, extra={"step": step, "scheduler": scheduler.state_dict()})
+                train.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
+        else:
+            train.report({"step": step})
+
+
+def _once(config: dict, name: str) -> bool:
+    try:
+        os.close(os.open(os.path.join(config["log_dir"], f"{name}.marker"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def reference() -> dict[int, float]:
+    """The fault-free losses, in this process: the ranks' equal shares averaged are the whole batch."""
+    model = blocks()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP, gamma=0.5)
+    out = {}
+    for step in range(1, STEPS + 1):
+        x, y = batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        out[step] = loss.item()
+    return out
+
+
+def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_every: int = STEPS + 1):
+    config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every}
+    result = TorchTrainer(fsdp_kept_loop, train_loop_config=config,
+                          scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run")).fit()
+    timeline = summary(result)
+    assert result.error is None, f"{str(result.error)[-3000:]}\n{timeline}"
+    progress = read_progress(run_dirs["log_dir"])
+    lines = step_lines(progress, result)
+    assert {p["step"] for p in lines} == set(range(1, STEPS + 1)), timeline
+    expected = reference()
+    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
+             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
+    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
+    # Each generation's restored parameters are those of the report it resumed from, bit for bit.
+    reported = {(p["generation"], p["step"]): p["digest"] for p in lines}
+    generations = [e for e in result.events if e["kind"] == "generation"]
+    for restore in [p for p in progress if "restored" in p and p["generation"] > 0]:
+        earlier = [d for (g, s), d in reported.items() if s == restore["at"] and g < restore["generation"]]
+        assert earlier and earlier[-1] == restore["restored"], f"{restore}\n{timeline}"
+    return result, generations, timeline
+
+
+@pytest.mark.timeout(240)
+def test_a_lost_rank_of_3_is_resharded_to_2_from_memory_and_its_replacement_gets_its_rows(local_ray, run_dirs):
+    """Rank 1 of 3 SIGKILLed at step 8: the survivors go on at 2 from report 7, re-sharded from their own
+    shares and rank 1's replica (held by rank 2); the replacement joins, and the 3 ranks go on from the
+    2 ranks' shares. No step is redone, nothing is read from storage."""
+    result, generations, timeline = fit(run_dirs, (2, 3), [{"step": 8, "ranks": [1]}])
+    assert [e["world_size"] for e in generations][:3] == [3, 2, 3], timeline
+    assert [e["resume_from"] for e in generations[1:]] == ["memory"] * (len(generations) - 1), timeline
+    assert generations[1]["resume_index"] == 7, timeline
+    steps = [p["step"] for p in step_lines(read_progress(run_dirs["log_dir"]), result)]
+    assert len(steps) == STEPS, f"steps redone: {sorted(steps)}\n{timeline}"
+
+
+@pytest.mark.timeout(240)
+def test_2_to_1_from_memory_then_a_rank_with_its_buddy_lost_resumes_from_the_dcp_checkpoint(local_ray, run_dirs):
+    """2 ranks: rank 1 SIGKILLed at step 8, rank 0 goes on alone from both shares (its own, and rank
+    1's replica); a replacement joins (1 -> 2). At step 27 both ranks are SIGKILLed, each the other's
+    buddy: no share of report 26 survives, and the run resumes from the loop's DCP checkpoint of step
+    25 on the replacements, at the size they come back at."""
+    result, generations, timeline = fit(run_dirs, (1, 2), [{"step": 8, "ranks": [1]}, {"step": 27, "ranks": [0, 1]}],
+                                        checkpoint_every=5)
+    assert [e["world_size"] for e in generations][:3] == [2, 1, 2], timeline
+    assert (generations[1]["resume_from"], generations[1]["resume_index"]) == ("memory", 7), timeline
+    lost_both = [e for e in generations if e["resume_from"] == "storage"]
+    assert lost_both and lost_both[0]["resume_index"] == 25, timeline

@@ -1,0 +1,176 @@
+"""A sharded model's kept state (worker/sharded_state.py) and `prepare_model`'s FSDP keywords
+(torch/fsdp.py), on real gloo ranks, one process each, no Ray: a transformer block stack sharded with
+FSDP2 at 3 ranks, with AdamW and an LR scheduler, re-sharded from its ranks' shares to 2, 1 and 4
+ranks equals the state it was, bit for bit; each new rank reads only the shares that hold its rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffload, MixedPrecision, MixedPrecisionPolicy, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.tensor import DTensor
+
+from elastic_train.checkpoint.checkpoint import share_file
+from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.torch.fsdp import fsdp_arguments, shard
+from elastic_train.worker.sharded_state import is_sharded, local_copy, needed, reshard
+from tests.test_process_group import TIMEOUT_S, _run
+
+SHARES = "ELASTIC_TRAIN_TEST_SHARES"  # where the 3-rank run's shares are, for the re-sharding ranks
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = [torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=24, dropout=0.0, batch_first=True)
+              for _ in range(3)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 5))
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
+
+
+def _sharded(rank: int, world: int, port: int):
+    _init(rank, world, port)
+    model = shard(_model(), {"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})},
+                  torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def _whole(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every parameter and Adam moment, gathered whole (a collective)."""
+    out = {}
+    for name, p in model.named_parameters():
+        out[name] = p.detach().full_tensor()
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"{name}/{key}"] = optimizer.state[p][key].full_tensor()
+    return out
+
+
+def _train_at_3(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
+    model, optimizer, scheduler = _sharded(rank, world, ports[0])
+    assert is_sharded(model)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        model(torch.randn(4, 6, 16, generator=g)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    state = {"model": model.state_dict(), "optimizers": [optimizer.state_dict()], "objects": [scheduler.state_dict()]}
+    return _saved({"share": local_copy(state, rank), "whole": _whole(model, optimizer), "lr": scheduler.get_last_lr()})
+
+
+def _saved(result: dict) -> dict:
+    """A rank's result as bytes (tensors sent over a pipe would be shared memory of a process gone)."""
+    buffer = io.BytesIO()
+    torch.save(result, buffer)
+    return {"saved": buffer.getvalue()}
+
+
+def _results(scenario, world: int) -> list[dict]:
+    return [torch.load(io.BytesIO(r["saved"]), weights_only=True) for r in _run(scenario, world)]
+
+
+def _resharded(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
+    shares = torch.load(os.environ[SHARES], weights_only=True)
+    model, optimizer, scheduler = _sharded(rank, world, ports[0])
+    mesh = next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+    wanted = needed(model, len(shares))
+    state = reshard({r: shares[r] for r in wanted}, mesh)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizers"][0])
+    scheduler.load_state_dict(state["objects"][0])
+    return _saved({"wanted": wanted, "whole": _whole(model, optimizer), "lr": scheduler.get_last_lr()})
+
+
+@pytest.mark.timeout(180)
+def test_shares_of_3_ranks_reshard_to_2_1_and_4_bit_for_bit(tmp_path: Path):
+    trained = _results(_train_at_3, 3)
+    path = tmp_path / "shares.pt"
+    torch.save({r: result["share"] for r, result in enumerate(trained)}, path)
+    expected = trained[0]["whole"]
+    os.environ[SHARES] = str(path)
+    try:
+        for world, wanted in ((2, [[0, 1], [1, 2]]), (1, [[0, 1, 2]]), (4, [[0], [0, 1], [1, 2], [2]])):
+            results = _results(_resharded, world)
+            assert [r["wanted"] for r in results] == wanted, world
+            for result in results:
+                assert result["lr"] == trained[0]["lr"]
+                assert result["whole"].keys() == expected.keys()
+                for key, value in expected.items():
+                    assert torch.equal(result["whole"][key], value), f"world {world}: {key}"
+    finally:
+        del os.environ[SHARES]
+
+
+# -- prepare_model's FSDP keywords (no process group) -------------------------------------------------------
+def test_fsdp1_keywords_translate_to_fully_shard():
+    plan = fsdp_arguments({"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP, "device_id": 0, "use_orig_params": True,
+                           "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                           "cpu_offload": CPUOffload(offload_params=True), "sync_module_states": True,
+                           "limit_all_gathers": True, "forward_prefetch": True})
+    assert plan.shard_kwargs["reshard_after_forward"] is False
+    assert plan.shard_kwargs["mp_policy"] == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert type(plan.shard_kwargs["offload_policy"]).__name__ == "CPUOffloadPolicy"
+    assert plan.sync_module_states and plan.units is None
+    assert fsdp_arguments({"sharding_strategy": "FULL_SHARD"}).shard_kwargs == {"reshard_after_forward": True}
+    assert fsdp_arguments({"reshard_after_forward": False}).shard_kwargs == {"reshard_after_forward": False}
+
+
+def test_auto_wrap_policies_choose_the_units_fsdp1_would_wrap():
+    model = _model()
+    layers = list(model)[:3]
+    by_class = fsdp_arguments({"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})}).units
+    assert by_class(model) == list(reversed(layers))
+    by_size = fsdp_arguments({"auto_wrap_policy": functools.partial(size_based_auto_wrap_policy,
+                                                                    min_num_params=1000)}).units
+    chosen = by_size(model)
+    assert chosen and all(sum(p.numel() for p in m.parameters()) >= 1000 for m in chosen)
+    assert model not in chosen
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"sharding_strategy": ShardingStrategy.NO_SHARD}, "parallel_strategy='ddp'"),
+    ({"sharding_strategy": ShardingStrategy.HYBRID_SHARD}, "FULL_SHARD"),
+    ({"process_group": None}, "builds each generation's process group"),
+    ({"mesh": None}, "builds each generation's process group"),
+    ({"param_init_fn": None}, "meta device"),
+    ({"mixed_precision": MixedPrecision(buffer_dtype=torch.float16)}, "keeps buffers"),
+    ({"sharding": 1}, "unknown keyword 'sharding'"),
+])
+def test_fsdp_keywords_that_cannot_mean_the_same_are_refused_with_the_fix(kwargs, says):
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        fsdp_arguments(kwargs)
+
+
+# -- the supervisor's view of the shares (no Ray) -----------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_a_report_of_shares_is_resumed_from_only_where_every_ranks_share_is_held():
+    """3 ranks (workers 10, 11, 12; each one's buddy the next). Report 7: workers 10 and 12 reported
+    their shares; worker 11 died with its report on the way, but its share reached its buddy (12). Once
+    the generation closes, report 7 is whole and served from 10 and 12; report 8, whose share of rank 1
+    no survivor holds, is not."""
+    ledger = CheckpointLedger(keep=2)
+    for index in (7, 8):
+        for rank, worker in ((0, 10), (2, 12)):
+            ledger.record(0, 3, index, rank, worker, [share_file(rank)], {"step": index}, [])
+        ledger.record_replica(0, index, 10, [share_file(2)], 3)
+    ledger.record_replica(0, 7, 12, [share_file(1)], 3)
+    assert ledger.resume_plan({10, 12}) is None  # not closed: rank 1's report may still come
+    ledger.close(0)
+    plan = ledger.resume_plan({10, 12})
+    assert (plan.index, plan.state_only) == (7, True)
+    assert plan.holders == {10: [share_file(0)], 12: [share_file(1), share_file(2)]}
+    assert ledger.resume_plan({10}) is None  # rank 1's share went with worker 12
