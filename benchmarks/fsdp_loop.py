@@ -1,8 +1,8 @@
 """The benchmarks' workload sharded with FSDP2 (`benchmarks.kill_recovery --parallel fsdp`).
 
 The same MLP as benchmarks/common.py, AdamW, batches from `prepare_data_loader`, written once for
-both APIs. elastic_train: `prepare_model(model, parallel_strategy="fsdp")`; with `checkpoint_every`
-0 its state is kept (`live_state=True`) and a recovery re-shards it from the survivors' memory.
+both APIs. elastic_train: `prepare_model(model, parallel_strategy="fsdp", live_state=True)`: its state
+is kept between the loop's checkpoints, and a recovery re-shards it from the survivors' memory.
 Ray Train 2.60's `prepare_model(parallel_strategy="fsdp")` wraps FSDP1, which refuses CPU devices, so
 under Ray Train the loop shards the model itself, as Ray's FSDP2 guide does. Every `checkpoint_every`
 steps every rank saves its shards with DCP and reports them (Ray's guide); a restart loads them at
@@ -45,7 +45,7 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(width, width), torch.nn.ReLU())))
     every = config.get("checkpoint_every", 1)
-    kept = every == 0 and config["api"] == "elastic_train"
+    kept = config["api"] == "elastic_train"  # its state kept between the loop's checkpoints
     if config["api"] == "elastic_train":
         model = api_torch.prepare_model(model, parallel_strategy="fsdp", live_state=kept)
     else:

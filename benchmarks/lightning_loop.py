@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks.common import BATCH, _kill_if_due, build_model
+from benchmarks.common import BATCH, kill_if_due, build_model
 
 
 
@@ -86,7 +86,7 @@ def _step_log(pl: Any, api: Any, config: dict[str, Any]) -> Any:
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             self.began = time.time()
             if trainer.global_rank == 1 and config.get("kills"):
-                _kill_if_due(log, trainer.global_step + 1, config["kills"], config["kill_every"])
+                kill_if_due(log, trainer.global_step + 1, config["kills"], config["kill_every"])
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             record = {"start": self.began, "time": time.time(), "pid": os.getpid(), "rank": trainer.global_rank,

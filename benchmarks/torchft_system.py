@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from benchmarks.common import WIDTH, _kill_if_due, batch, build_model, free_port, train_step
+from benchmarks.common import WIDTH, kill_if_due, batch, build_model, free_port, train_step
 
 LIGHTHOUSE = str(Path(sys.executable).parent / "torchft_lighthouse")
 PATCH = "torchft 0.2.0's DDP comm hook patched (else a peer's SIGKILL kills the survivor on gloo)"
@@ -85,7 +85,7 @@ class Replica:
         while manager.current_step() < config["steps"]:
             step = manager.current_step() + 1
             if replica == 1 and config.get("kills"):
-                _kill_if_due(log, step, config["kills"], config["kill_every"])
+                kill_if_due(log, step, config["kills"], config["kill_every"])
             began = time.time()
             x = batch(step, replica, config.get("width", WIDTH))
             train_step(ddp, ft_optimizer, x, config["step_time"])  # zero_grad starts the quorum

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import BATCH, _kill_if_due, build_model
+from benchmarks.common import BATCH, kill_if_due, build_model
 
 FEATURES = 64
 
@@ -89,7 +89,7 @@ def _step_log(api: Any, config: dict[str, Any]) -> Any:
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.began = time.time()
             if api.get_context().get_world_rank() == 1 and config.get("kills"):
-                _kill_if_due(log, state.global_step + 1, config["kills"], config["kill_every"])
+                kill_if_due(log, state.global_step + 1, config["kills"], config["kill_every"])
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             context = api.get_context()

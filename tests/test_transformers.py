@@ -182,3 +182,18 @@ def test_seed_transformers_trainer_runs_on_two_workers(local_ray, run_dirs):
         assert HF_FILES <= set(os.listdir(Path(working_dir, "output", f"checkpoint-{SAMPLES // 16}")))
     finally:
         shutil.rmtree(working_dir, ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_sharded_with_fsdp_is_refused_with_the_fix(local_ray, run_dirs):
+    """Accelerate writes an FSDP checkpoint's shards on every rank, and the integration collects process
+    zero's files: a resume would load a partial state, so prepare_trainer refuses it, naming what works."""
+    trainer = TransformersTrainer(
+        report_loop, train_loop_config={"log_dir": run_dirs["log_dir"], "epochs": 1, "save_steps": 2,
+                                        "args": {"fsdp": "full_shard"}},
+        scaling_config=et.ScalingConfig(num_workers=1),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="fsdp"),
+    )
+    with pytest.raises(et.TrainingFailedError, match="TrainingArguments\\(fsdp=.*parallel_strategy='fsdp'"):
+        trainer.fit()
+

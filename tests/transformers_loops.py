@@ -91,6 +91,7 @@ def report_loop(config: dict[str, Any]) -> None:
         per_device_train_batch_size=PER_DEVICE_BATCH, learning_rate=1e-3, save_strategy="steps",
         save_steps=config["save_steps"], logging_steps=1, report_to="none", disable_tqdm=True,
         remove_unused_columns=False, dataloader_pin_memory=False, ddp_find_unused_parameters=False, seed=0,
+        **config.get("args", {}),
     )
     trainer = observed_trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(),
                                callbacks=[RayTrainReportCallback(), faults(config)])

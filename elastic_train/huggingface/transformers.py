@@ -42,6 +42,7 @@ except ImportError as exc:
 
 from elastic_train.api import get_context, report
 from elastic_train.checkpoint import Checkpoint
+from elastic_train.errors import ConfigError
 from elastic_train.torch.data import ElasticBatchSampler
 from elastic_train.unsupported import unsupported_getattr
 from elastic_train.worker.session import get_session
@@ -164,6 +165,12 @@ def prepare_trainer(trainer: Trainer, *, global_batch_size: int | None = None) -
     """
     args = trainer.args
     _check_world(args, "prepare_trainer")
+    if args.fsdp:
+        raise ConfigError(
+            f"TrainingArguments(fsdp={args.fsdp!r}) is not supported by prepare_trainer: under FSDP, Accelerate writes "
+            "each rank's shards of a checkpoint, and this integration collects process zero's files as DDP writes "
+            "them, so a resume would load a partial state. Train the Trainer with DDP (no fsdp), or shard a torch "
+            "loop with elastic_train.torch.prepare_model(model, parallel_strategy='fsdp').")
     accumulation = args.gradient_accumulation_steps
     if global_batch_size is not None and (global_batch_size < 1 or global_batch_size % accumulation):
         raise ValueError(f"prepare_trainer(global_batch_size={global_batch_size!r}) must be a positive multiple of "
