@@ -31,6 +31,10 @@ writes them to a file in the run's log folder when the loop ends. Variants:
 * `elastic_train+kept`: no checkpoint at all; `prepare_model(model, live_state=True)` keeps the model
   and optimizer live, so each `report(metrics)` holds their state by reference for a recovery from
   the last step. Nothing is stored.
+* `elastic_train+fsdp`, `elastic_train+fsdp+kept`: the MLP at width 896 (3.2 M parameters, AdamW)
+  sharded by `prepare_model(parallel_strategy="fsdp")`, without and with its state kept (each report
+  copies the rank's share, sent to its buddy in the background: worker/sharded_state.py). Another
+  model than the others': compare these two rows with each other.
 * `torchft`: torchft 0.2.0 in its recommended setup (`benchmarks.torchft_system`: a Lighthouse, a
   replica group per worker, its DDP and Optimizer wrappers, a quorum every step; its DDP comm hook
   patched for gloo), the same model, batches and compute; no checkpoint (it heals from live peers).
@@ -68,8 +72,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 import elastic_train as et
 from benchmarks import torchft_system
-from benchmarks.common import (add_systems_option, batch, build_model, chosen_systems, free_port, machine_facts,
-                               train_step)
+from benchmarks.common import (WIDTH, add_systems_option, batch, build_model, chosen_systems, free_port,
+                               machine_facts, train_step)
+from benchmarks.fsdp_loop import FSDP_WIDTH
 
 logger = logging.getLogger("benchmarks.overhead")
 
@@ -79,7 +84,8 @@ SKIP_STEPS = 5
 BASELINE = "plain_ddp"
 CHECKPOINT_EVERY = 10  # the sparse-checkpoint variant's interval (issue 14's target: >= 0.95 of plain DDP)
 SYSTEMS = (BASELINE, "elastic_train", "elastic_train+reentry", "elastic_train+checkpoint", f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
-           f"elastic_train+live/{CHECKPOINT_EVERY}", "elastic_train+kept", "torchft")
+           f"elastic_train+live/{CHECKPOINT_EVERY}", "elastic_train+kept", "elastic_train+fsdp", "elastic_train+fsdp+kept",
+           "torchft")
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -96,7 +102,7 @@ def _run_steps(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
     times = []
     for step in range(1, config["steps"] + 1):
         times.append(time.perf_counter())
-        loss = train_step(ddp, optimizer, batch(step, rank), config["step_time"])
+        loss = train_step(ddp, optimizer, batch(step, rank, config["width"]), config["step_time"])
         report(step, {"loss": loss.item(), "step": step})
     times.append(time.perf_counter())
     (Path(config["log_dir"]) / f"rank{rank}.json").write_text(json.dumps(times))
@@ -119,6 +125,12 @@ def elastic_loop(config: dict[str, Any]) -> None:
     steps (0: none), or with every rank's live state (`config["live"]`), or with none and the model
     and optimizer kept live (`config["kept"]`)."""
     rank = et.get_context().get_world_rank()
+    if config["fsdp"]:
+        torch.set_num_threads(1)
+        model, _ = build_model(config["width"])
+        model = et.torch.prepare_model(model, parallel_strategy="fsdp", live_state=config["kept"])
+        _run_steps(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rank, config, lambda step, m: et.report(m))
+        return
     model, optimizer = _build()
 
     def report(step: int, metrics: dict[str, float]) -> None:
@@ -145,7 +157,7 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
     every = int(system.rpartition("/")[2]) if "/" in system else 1
     config = {"steps": steps, "step_time": step_time, "log_dir": str(log),
               "checkpoint": every if "+checkpoint" in system else 0, "live": "+live" in system,
-              "kept": "+kept" in system}
+              "kept": "+kept" in system, "fsdp": "+fsdp" in system, "width": FSDP_WIDTH if "+fsdp" in system else WIDTH}
     if system == BASELINE:
         mp.spawn(ddp_worker, args=(free_port(), config), nprocs=NUM_WORKERS, join=True)
     else:

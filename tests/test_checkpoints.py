@@ -131,8 +131,10 @@ def test_resume_plans_use_what_parked_workers_hold_and_memory_is_keyed_by_genera
             ledger.record(0, 2, index, rank, worker_id=worker, names=[f"shard_{rank}"], metrics=None, loader_states=[])
     assert ledger.resume_plan({10, 11}).index == 3
     # Worker 11 parked saying it holds only 1 and 2 (it evicted 3, say): 3 cannot be served whole.
-    assert ledger.resume_plan({10, 11}, holds={11: {(0, 1), (0, 2)}}).index == 2
+    assert ledger.resume_plan({10, 11}, holds={11: {(0, 1, "shard_1"), (0, 2, "shard_1")}}).index == 2
     assert ledger.resume_plan({10, 11}, holds={11: set()}) is None
+    # It holds checkpoint 2, but only a peer's file of it (its own evicted): 2 is not served by it.
+    assert ledger.resume_plan({10, 11}, holds={11: {(0, 1, "shard_1"), (0, 2, "shard_0")}}).index == 1
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,8 @@ rank's share. A rank SIGKILLed: the survivors re-shard the last report's state f
 and the lost rank's replica on its buddy, with no storage read; a replacement receives its rows the
 same way; a rank lost with its buddy: the run resumes from the loop's DCP checkpoint at the new size.
 Each generation's restored parameters equal the last report's bit for bit; every step's loss is the
-fault-free run's.
+fault-free run's. The shares are copied at every report (`sharded_state_budget=1.0`) where the
+machine keeps up with it (tests/test_sharded_state.py covers the cadence).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import elastic_train as train
-from elastic_train import Checkpoint, RunConfig, ScalingConfig
+from elastic_train import Checkpoint, ElasticConfig, RunConfig, ScalingConfig
 from elastic_train.torch import TorchTrainer, keep_state, load_state, prepare_model, save_state
 from tests.loops import log_progress, read_progress
 from tests.patterns import step_lines, summary
@@ -122,7 +123,8 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
     config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every}
     result = TorchTrainer(fsdp_kept_loop, train_loop_config=config,
                           scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
-                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run")).fit()
+                          run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
+                                               elastic_config=ElasticConfig(sharded_state_budget=1.0))).fit()
     timeline = summary(result)
     assert result.error is None, f"{str(result.error)[-3000:]}\n{timeline}"
     progress = read_progress(run_dirs["log_dir"])

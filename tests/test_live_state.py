@@ -86,15 +86,15 @@ def test_an_unagreed_report_counts_as_made_and_is_stored_by_its_holder_when_due(
     # Rank 1 died after step 6's all-reduce; rank 0 holds the live part of report 6, whose barrier failed.
     entry = ledger.record_unagreed(0, 2, 6, 0, 10, [DICT_FILE], {"step": 6}, [{"epoch": 0, "position": 48}])
     assert entry.whole and not entry.complete and not entry.stored
-    plan = ledger.resume_plan({10}, {10: {(0, 5), (0, 6)}})
+    plan = ledger.resume_plan({10}, {10: {(0, 5, DICT_FILE), (0, 6, DICT_FILE)}})
     assert (plan.index, plan.holders, plan.loader_states) == (6, {10: [DICT_FILE]}, [{"epoch": 0, "position": 48}])
     assert not plan.store  # not chosen to be stored (a cadence skipped it)
     entry.to_store = True
-    assert ledger.resume_plan({10}, {10: {(0, 5), (0, 6)}}).store
+    assert ledger.resume_plan({10}, {10: {(0, 5, DICT_FILE), (0, 6, DICT_FILE)}}).store
     # Rank 1 alone held it: rank 0 did not, so report 5 is where the run goes on.
     survivor_only = ledger.record_unagreed(0, 2, 7, 1, 11, [DICT_FILE], {"step": 7}, [{"epoch": 0, "position": 56}])
     assert survivor_only.loader_states == [{"epoch": 0, "position": 56}]  # no rank 0 report: the holder's positions
-    assert ledger.resume_plan({10}, {10: {(0, 5)}}).index == 5
+    assert ledger.resume_plan({10}, {10: {(0, 5, DICT_FILE)}}).index == 5
     assert [i for i, _ in ledger.close(0)] == [6, 7]  # made by all: counted when the generation closes
 
 

@@ -20,9 +20,11 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 from torch.distributed.tensor import DTensor
 
 from elastic_train.checkpoint.checkpoint import share_file
+from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.torch.fsdp import fsdp_arguments, shard
-from elastic_train.worker.sharded_state import is_sharded, local_copy, needed, reshard
+from elastic_train.worker.memory import CheckpointMemory
+from elastic_train.worker.sharded_state import ShareCadence, is_sharded, local_copy, needed, reshard
 from tests.test_process_group import TIMEOUT_S, _run
 
 SHARES = "ELASTIC_TRAIN_TEST_SHARES"  # where the 3-rank run's shares are, for the re-sharding ranks
@@ -116,6 +118,7 @@ def test_shares_of_3_ranks_reshard_to_2_1_and_4_bit_for_bit(tmp_path: Path):
 
 
 # -- prepare_model's FSDP keywords (no process group) -------------------------------------------------------
+@pytest.mark.timeout(30)
 def test_fsdp1_keywords_translate_to_fully_shard():
     plan = fsdp_arguments({"sharding_strategy": ShardingStrategy.SHARD_GRAD_OP, "device_id": 0, "use_orig_params": True,
                            "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
@@ -129,18 +132,24 @@ def test_fsdp1_keywords_translate_to_fully_shard():
     assert fsdp_arguments({"reshard_after_forward": False}).shard_kwargs == {"reshard_after_forward": False}
 
 
+@pytest.mark.timeout(30)
 def test_auto_wrap_policies_choose_the_units_fsdp1_would_wrap():
     model = _model()
     layers = list(model)[:3]
     by_class = fsdp_arguments({"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})}).units
-    assert by_class(model) == list(reversed(layers))
+    assert by_class(model, ()) == list(reversed(layers))
     by_size = fsdp_arguments({"auto_wrap_policy": functools.partial(size_based_auto_wrap_policy,
                                                                     min_num_params=1000)}).units
-    chosen = by_size(model)
+    chosen = by_size(model, ())
     assert chosen and all(sum(p.numel() for p in m.parameters()) >= 1000 for m in chosen)
     assert model not in chosen
+    # FSDP1 never descends into a MultiheadAttention (its forward reads out_proj's weight directly).
+    inside = {id(m) for mha in model.modules() if isinstance(mha, torch.nn.MultiheadAttention) for m in mha.modules()
+              if m is not mha}
+    assert not any(id(m) in inside for m in chosen)
 
 
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("kwargs, says", [
     ({"sharding_strategy": ShardingStrategy.NO_SHARD}, "parallel_strategy='ddp'"),
     ({"sharding_strategy": ShardingStrategy.HYBRID_SHARD}, "FULL_SHARD"),
@@ -174,3 +183,28 @@ def test_a_report_of_shares_is_resumed_from_only_where_every_ranks_share_is_held
     assert (plan.index, plan.state_only) == (7, True)
     assert plan.holders == {10: [share_file(0)], 12: [share_file(1), share_file(2)]}
     assert ledger.resume_plan({10}) is None  # rank 1's share went with worker 12
+
+
+@pytest.mark.timeout(30)
+def test_a_share_is_copied_when_its_cost_fits_the_budget_and_its_last_copy_reached_the_buddy():
+    cadence = ShareCadence(budget=0.05)
+    assert cadence.due(100.0, None)  # the generation's first report
+    cadence.copied(100.0, copy_s=0.01)
+    assert not cadence.due(100.5, None)  # on its way to the buddy
+    assert not cadence.due(100.5, 0.04)  # (0.01 + 0.04) / 0.05: 1 s between copies
+    assert cadence.due(101.0, 0.04)
+    every = ShareCadence(budget=1.0)
+    every.copied(0.0, copy_s=0.01)
+    assert every.due(0.07, 0.05) and not every.due(0.07, None)
+
+
+@pytest.mark.timeout(30)
+def test_a_resumed_generation_drops_the_later_reports_it_redoes():
+    """Held: reports 10 and 11 of generation 1; the next generation resumes from 10 (11 was not whole).
+    11 is dropped, so the new generation's first copy pushes out nothing it may still resume from."""
+    memory = CheckpointMemory(keep=2)
+    for index in (10, 11):
+        memory.put(HeldCheckpoint(index, 1, 0, [share_file(0)], []), {share_file(0): b"share"})
+    memory.forget_after(1, 10)
+    memory.put(HeldCheckpoint(1, 2, 0, [share_file(0)], []), {share_file(0): b"newer"})
+    assert memory.keys() == [(1, 10), (2, 1)]

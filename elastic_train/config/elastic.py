@@ -84,6 +84,11 @@ class ElasticConfig:
     the loop from its newest checkpoint at every recovery, as Ray Train does."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
+    sharded_state_budget: float = 0.05
+    """The share of the loop's time that keeping a sharded model's state (FSDP2 with `live_state=True`:
+    `worker/sharded_state.py`) may take. A report copies each rank's share, and sends it to the buddy,
+    once the time since the last copy is at least that copy's cost over this fraction (1.0: at every
+    report); a lost worker's recovery redoes the steps since the last copy."""
     replicate_checkpoints: bool = True
     """Each reported part is also kept in the memory of the next rank (`worker/replicator.py`), so losing
     one worker loses no in-memory checkpoint; it doubles the memory checkpoints take."""
@@ -192,6 +197,9 @@ class ElasticConfig:
             raise ConfigError("ElasticConfig.max_queued_uploads must be at least 1.")
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
+        if not 0 < self.sharded_state_budget <= 1:
+            raise ConfigError("ElasticConfig.sharded_state_budget is a fraction of the loop's time: more than 0, "
+                              "at most 1 (a copy of a sharded model's kept state at every report).")
         if self.snapshot_memory_retain_mb is not None and self.snapshot_memory_retain_mb < 1:
             raise ConfigError("ElasticConfig.snapshot_memory_retain_mb must be at least 1, or None to keep "
                               "the allocator's defaults.")

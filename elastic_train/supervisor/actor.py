@@ -153,7 +153,7 @@ class Supervisor:
         run.ledger.record_replica(generation, index, worker_id, names,
                                   run.world_size if generation == run.generation else None, facts)
         if parked and w is not None and w.status is WorkerStatus.PARKED:
-            self._controller.roster.holds_copy(w, generation, index)
+            self._controller.roster.holds_copy(w, generation, index, names)
 
     async def copy_corrupt(self, worker_id: int, generation: int, of_generation: int, index: int, holder: int,
                            name: str, problem: str) -> None:

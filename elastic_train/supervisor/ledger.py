@@ -271,23 +271,24 @@ class CheckpointLedger:
         return sorted(found)
 
     def resume_plan(self, live_workers: set[int],
-                    holds: Mapping[int, set[tuple[int, int]]] | None = None) -> ResumePlan | None:
+                    holds: Mapping[int, set[tuple[int, int, str]]] | None = None) -> ResumePlan | None:
         """The newest checkpoint that live workers can serve whole from memory. `holds` has what a
-        parked worker told it holds, as (generation, index): exact, where the ledger's own view of
-        what each worker still keeps in memory is not (a worker evicts its oldest snapshots)."""
+        parked worker told it holds, as (generation, index, file): exact, where the ledger's own view of
+        what each worker still keeps in memory is not (a worker evicts its oldest snapshots, its own
+        and its peers' apart)."""
         holds = holds or {}
         with_parts = sorted((i for i, e in self.entries.items() if e.whole and e.parts), reverse=True)
         for index in with_parts:
             entry = self.entries[index]
 
-            def serves(wid: int) -> bool:
-                return wid in live_workers and (wid not in holds or (entry.generation, index) in holds[wid])
+            def serves(wid: int, name: str) -> bool:
+                return wid in live_workers and (wid not in holds or (entry.generation, index, name) in holds[wid])
 
             holders: dict[int, list[str]] = {}
             facts: dict[str, dict[str, Any]] = {}
             # A kept state is served alone; beside a checkpoint (a barrier failed as ranks reported both), never.
             for name in sorted(entry.served()):
-                holder = next((wid for wid in entry.holders(name) if serves(wid)), None)
+                holder = next((wid for wid in entry.holders(name) if serves(wid, name)), None)
                 if holder is None:
                     break
                 holders.setdefault(holder, []).append(name)

@@ -45,7 +45,7 @@ class WorkerRecord:
     lost_reason: str = ""
     facts: dict[str, float] = field(default_factory=dict)
     waiting: asyncio.Future | None = None  # resolved with the worker's next Assignment or Stop
-    holds: set[tuple[int, int]] = field(default_factory=set)  # (generation, index) held, told at parking
+    holds: set[tuple[int, int, str]] = field(default_factory=set)  # (generation, index, file) held, told at parking
     last_report: tuple[int, float] = (0, 0.0)  # (index, monotonic time) of its last report in its generation
     leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
 

@@ -100,7 +100,7 @@ class Preemption:
             logger.warning("worker %d could not hand checkpoint %d over: %r", source.worker_id, plan.index, exc)
             return
         self._ledger.record_replica(plan.generation, plan.index, target.worker_id, names)
-        self._roster.holds_copy(target, plan.generation, plan.index)
+        self._roster.holds_copy(target, plan.generation, plan.index, names)
         self._telemetry.record(CheckpointHandedOver(source.worker_id, target.worker_id, plan.index, names))
 
     async def drained(self) -> list[tuple[WorkerRecord, float | None]]:

@@ -60,7 +60,7 @@ class Roster:
     def live_ids(self) -> set[int]:
         return {w.worker_id for w in self.records.values() if w.status is not WorkerStatus.LOST}
 
-    def holds(self) -> dict[int, set[tuple[int, int]]]:
+    def holds(self) -> dict[int, set[tuple[int, int, str]]]:
         """What each parked worker holds in memory (it told at parking; copies it took since are added)."""
         return {w.worker_id: w.holds for w in self.with_status(WorkerStatus.PARKED)}
 
@@ -178,7 +178,7 @@ class Roster:
         """The worker left its generation (or is new) with `outcome`: it waits on the returned future
         for its next place."""
         w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
-        w.holds = {(held.generation, held.index) for held in outcome.held}
+        w.holds = {(held.generation, held.index, name) for held in outcome.held for name in held.names}
         w.last_heartbeat = time.monotonic()
         w.waiting = asyncio.get_running_loop().create_future()
         self._wake.set()
@@ -220,9 +220,9 @@ class Roster:
         w.last_report = (index, time.monotonic())
         _answer(w, assignment)
 
-    def holds_copy(self, w: WorkerRecord, generation: int, index: int) -> None:
-        """The parked worker took a copy of checkpoint `index` of `generation` into its memory."""
-        w.holds.add((generation, index))
+    def holds_copy(self, w: WorkerRecord, generation: int, index: int, names: list[str]) -> None:
+        """The parked worker took a copy of files `names` of checkpoint `index` of `generation` into its memory."""
+        w.holds.update((generation, index, name) for name in names)
 
     def noticed(self, w: WorkerRecord, machine_goes: bool) -> None:
         """The worker is under a preemption notice; `machine_goes`: its replacement goes elsewhere."""

@@ -41,7 +41,7 @@ class FsdpPlan:
     broadcast first."""
 
     shard_kwargs: dict[str, Any] = field(default_factory=dict)
-    units: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
+    units: Callable[[torch.nn.Module, tuple[torch.nn.Module, ...]], list[torch.nn.Module]] | None = None
     ignored_modules: tuple[torch.nn.Module, ...] = ()
     sync_module_states: bool = False
 
@@ -100,25 +100,33 @@ def _mixed_precision(mp: MixedPrecision | MixedPrecisionPolicy) -> MixedPrecisio
     return MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype)
 
 
-def _units(policy: Any) -> Callable[[torch.nn.Module], list[torch.nn.Module]]:
+def _units(policy: Any) -> Callable[[torch.nn.Module, tuple[torch.nn.Module, ...]], list[torch.nn.Module]]:
     """An FSDP1 auto-wrap policy as the submodules it would wrap, innermost first (FSDP2 shards
-    children before parents)."""
+    children before parents), as FSDP1's recursion decides: a module is descended into only where
+    the policy says so with `recurse=True`, and asked with `recurse=False` for the parameters its
+    wrapped descendants leave it; ignored modules are skipped."""
+    if not isinstance(policy, _Policy) and not callable(policy):
+        raise ValueError(f"prepare_model(parallel_strategy='fsdp'): auto_wrap_policy={policy!r} is not a policy.")
 
-    def chosen(root: torch.nn.Module) -> list[torch.nn.Module]:
+    def chosen(root: torch.nn.Module, ignored: tuple[torch.nn.Module, ...]) -> list[torch.nn.Module]:
+        skipped = {id(p) for m in ignored for p in m.parameters()}
         if isinstance(policy, _Policy):
-            wrapped = policy._run_policy(root, set(), {})
+            wrapped = policy._run_policy(root, set(ignored), {})
             return [m for m in reversed(list(root.modules())) if m in wrapped and m is not root]
-        if not callable(policy):
-            raise ValueError(f"prepare_model(parallel_strategy='fsdp'): auto_wrap_policy={policy!r} is not a policy.")
         out: list[torch.nn.Module] = []
-        taken: set[int] = set()  # parameters already in a chosen submodule
-        for module in reversed(list(root.modules())):  # children before parents, as FSDP1's recursion decides
-            if module is root:
-                continue
-            numel = sum(p.numel() for p in module.parameters() if id(p) not in taken)
-            if policy(module=module, recurse=False, nonwrapped_numel=numel):
+
+        def walk(module: torch.nn.Module, is_root: bool) -> int:
+            """The parameters of `module` that end up in a unit."""
+            numel = sum(p.numel() for p in module.parameters() if id(p) not in skipped)
+            if not policy(module=module, recurse=True, nonwrapped_numel=numel):
+                return 0
+            inner = sum(walk(child, False) for child in module.children() if not any(child is m for m in ignored))
+            if not is_root and policy(module=module, recurse=False, nonwrapped_numel=numel - inner):
                 out.append(module)
-                taken.update(id(p) for p in module.parameters())
+                return numel
+            return inner
+
+        walk(root, True)
         return out
 
     return chosen
@@ -136,7 +144,7 @@ def shard(model: torch.nn.Module, kwargs: dict[str, Any], device: torch.device) 
     if plan.ignored_modules:
         ignored = {p for m in plan.ignored_modules for p in m.parameters()}
         shard_kwargs["ignored_params"] = ignored | set(shard_kwargs.get("ignored_params") or ())
-    for module in plan.units(model) if plan.units is not None else []:
+    for module in plan.units(model, plan.ignored_modules) if plan.units is not None else []:
         fully_shard(module, mesh=mesh, **shard_kwargs)
     fully_shard(model, mesh=mesh, **shard_kwargs)
     return model

@@ -14,6 +14,7 @@ from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
 from elastic_train.torch.fsdp import shard
 from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
+from elastic_train.worker.sharded_state import is_sharded
 from elastic_train.worker.world_group import world_group
 
 T = TypeVar("T")
@@ -90,7 +91,7 @@ def prepare_model(
         return model
     if live_state:
         get_session("prepare_model").keep_state(model)
-    if not wraps:
+    if not wraps or is_sharded(model):  # sharded by the loop (fully_shard): DDP would replicate it again
         return model
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])

@@ -276,6 +276,8 @@ class TrainWorker:
         except Exception:  # noqa: BLE001 - a peer vanished during rendezvous, or the generation ended
             return Outcome(Exit.UNWOUND if self._ended.is_set() else Exit.COLLECTIVE_ERROR, generation,
                            traceback.format_exc())
+        if assignment.resume is not None:
+            self._held.forget_after(assignment.resume.generation, assignment.resume.index)
         # Chosen to be stored, but its report's barrier failed before any rank stored it: its holders store it now.
         resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
         if resumed is not None:
@@ -283,7 +285,8 @@ class TrainWorker:
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
                                             self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
-                                            self._spec.elastic.recover_in_place, self._spec.backend),
+                                            self._spec.elastic.recover_in_place, self._spec.backend,
+                                            self._spec.elastic.sharded_state_budget),
                                _Host(self))
         set_session(session)
         self._session = session
@@ -374,6 +377,7 @@ class _Host:
         self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
+        self.replication_s = worker._held.replication_s
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
         self.generation_ended = worker._ended.is_set
         self.reform = worker._reform

@@ -40,6 +40,15 @@ class Holdings:
         if buddy is not None and (isinstance(part, dict) or part.private):
             self._replicator.submit(buddy, held, part, facts)
 
+    def forget_after(self, generation: int, index: int) -> None:
+        """A generation resumes from report `index` of `generation`: the later ones are redone."""
+        self.own.forget_after(generation, index)
+        self.replicas.forget_after(generation, index)
+
+    def replication_s(self) -> float | None:
+        """How long the last copy to the buddy took; None while one is on its way."""
+        return self._replicator.last_s()
+
     def listed(self) -> list[HeldCheckpoint]:
         """Everything held, own parts and replicas, for the supervisor."""
         return self.own.holdings() + self.replicas.holdings()

@@ -31,6 +31,7 @@ class SessionSetup:
     initial_checkpoint: Checkpoint | None = None  # resume_from_checkpoint: while the run has none of its own
     recover_in_place: bool = False  # ElasticConfig.recover_in_place
     backend: str = "gloo"  # the run's process groups' (in place is gloo's)
+    sharded_state_budget: float = 0.05  # ElasticConfig.sharded_state_budget
 
 
 class SessionHost(Protocol):
@@ -41,6 +42,9 @@ class SessionHost(Protocol):
     def hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
              facts: Future[dict[str, dict[str, Any]]] | None) -> None:
         """Hold a reported part in memory; with `replicate`, copy its files to the buddy (`facts`: on their way)."""
+
+    def replication_s(self) -> float | None:
+        """How long the last copy of a part to the buddy took; None while one is on its way."""
 
     def read_held(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         """Files of a checkpoint this worker holds (its own part or a peer's replica); KeyError if not held."""

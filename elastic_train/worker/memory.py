@@ -88,6 +88,14 @@ class CheckpointMemory:
                     self._parts[key] = (held, files)
                     self._making[key] = facts_soon(files)
 
+    def forget_after(self, generation: int, index: int) -> None:
+        """A generation resumes from report `index` of `generation`: the later reports of that
+        generation are redone (the supervisor forgot them), so their parts here are dropped rather
+        than left to push out the one resumed from."""
+        with self._lock:
+            for key in [k for k in self._parts if k[0] == generation and k[1] > index]:
+                self._drop(key)
+
     def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
         """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
         their report; None otherwise (the part is not held, or was written to)."""
@@ -145,5 +153,5 @@ class CheckpointMemory:
         with self._lock:
             _, part = self._parts.get((generation, index), (None, {}))
         if isinstance(part, LivePart):
-            part = part.files() or {}
+            part = (part.files() or {}) if set(names) & set(part.names) else {}
         return {n: part[n] for n in names if n in part}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from elastic_train.checkpoint.manifest import facts_made
+from elastic_train.checkpoint.manifest import facts_made, file_facts
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.worker.background import BackgroundThread
 from elastic_train.worker.live_part import LivePart
@@ -35,6 +36,7 @@ class Replicator(BackgroundThread[Copy]):
         super().__init__("elastic-replicate")
         self._send = send
         self._next: tuple[int, Copy] | None = None  # (number, the copy to make)
+        self._last_s = 0.0  # how long the last copy took: serialized, hashed, sent
         self._start()
 
     def submit(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes] | LivePart, facts: Facts) -> None:
@@ -46,6 +48,11 @@ class Replicator(BackgroundThread[Copy]):
                 self._drop(self._next[0])
             self._next = (self._hand_over(), (peer, held, files, facts))
 
+    def last_s(self) -> float | None:
+        """How long the last copy took; None while one is waiting or under way."""
+        with self._changed:
+            return None if self._unfinished else self._last_s
+
     def _waiting(self) -> bool:
         return self._next is not None and not self._closed  # a copy still waiting at close is not made
 
@@ -55,8 +62,11 @@ class Replicator(BackgroundThread[Copy]):
 
     def _do(self, copy: Copy) -> None:
         peer, held, part, facts = copy
+        started = time.monotonic()
         files = part.files() if isinstance(part, LivePart) else part
+        made = file_facts(files) if isinstance(part, LivePart) else facts_made(files, facts)
         try:
-            self._send(peer, dataclasses.replace(held, facts=facts_made(files, facts) or {}), files)
+            self._send(peer, dataclasses.replace(held, facts=made or {}), files)
         except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another
             logger.info("checkpoint %d not replicated: %r", held.index, exc)
+        self._last_s = time.monotonic() - started

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Callable, Protocol, TypeVar
 
 import ray
@@ -28,9 +29,11 @@ from elastic_train.worker.intake import take
 from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.report_barrier import pipelines
+from elastic_train.worker.live_part import LivePart
+from elastic_train.worker.report_barrier import any_rank, pipelines
 from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
+from elastic_train.worker.sharded_state import ShareCadence
 from elastic_train.worker.step_clock import StepClock
 from elastic_train.worker.storing import PartStoring
 from elastic_train.worker.world_group import collectives_made, follow
@@ -68,6 +71,7 @@ class TrainSession:
         self.index = self._resume.index
         self._loaders: list[StatefulLoader] = []
         self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
+        self._shares: ShareCadence | None = None  # when a sharded kept state's share is copied
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
         self._preemption_calls = 0
@@ -110,19 +114,20 @@ class TrainSession:
                            mode=mode, user_upload=upload_fn is not None, named=dir_name is not None,
                            keeps_state=self._kept is not None, live_due=self._storing.live_due())
         files, live = None, None
+        stepped = self._lockstep.stepped()  # before the kept state's own collective (`_kept_part`)
         if checkpoint is not None:
             taken = take(checkpoint, plan, self.context.storage, self.index, generation, dir_name=dir_name,
                          upload_fn=upload_fn, delete_local=delete_local)
             dir_name, files, live = taken.dir_name, taken.files, taken.live
         elif plan.carries is Carries.KEPT:  # no checkpoint: the state kept live serves a recovery, never stored
-            live = self._kept.snapshot()
+            live = self._kept_part()
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
         held = HeldCheckpoint(self.index, generation, rank, names, loader_states) if names is not None else None
         report = Report(generation, self.index, dict(metrics), names, loader_states, dir_name,
                         plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
-        made = Made(report, held, live, self._lockstep.stepped())
+        made = Made(report, held, live, stepped)
         if live is not None and live.private:  # a rank's share: held, and sent to its buddy, at once (sharded_state.py)
             self._host.hold(held, live, True, None)
         previous = self._barrier(made, lambda: self._lockstep.confirm(made))
@@ -164,6 +169,23 @@ class TrainSession:
             self._storing.wait_committed(self.index)
         if after.unwind or (after.together and unwind):
             self._leave_report()
+
+    def _kept_part(self) -> LivePart | None:
+        """The kept state's part of this report. A sharded model's share is copied only where the
+        cadence finds it due on some rank, and then by every rank: a report is resumed from only where
+        every rank's share of it is held (sharded_state.py)."""
+        if not self._kept.sharded:
+            return self._kept.snapshot()
+        try:
+            due = any_rank(self._shares.due(time.monotonic(), self._host.replication_s()))
+        except RuntimeError as exc:
+            raise PeerLost(f"report {self.index}'s agreement on copying the sharded state failed: {exc}") from exc
+        if not due:
+            return None
+        began = time.monotonic()
+        part = self._kept.snapshot()
+        self._shares.copied(began, time.monotonic() - began)
+        return part
 
     def _barrier(self, made: Made, step: Callable[[], T]) -> T:
         """A `step` of the report's barrier (confirm the previous report's, go on, agree). Where it fails
@@ -306,6 +328,7 @@ class TrainSession:
         self._kept = KeptState(model, self._resume.kept_state(model), self._lockstep.commit_step)
         if self._kept.sharded:
             self.bound_to_world()
+            self._shares = ShareCadence(self._setup.sharded_state_budget)
 
     def keep_object(self, obj: Any) -> None:
         """`elastic_train.torch.keep_state(obj)`: keep `obj`'s state with the model's."""

@@ -8,6 +8,11 @@ only its replica on the lost rank's buddy. The copy is one host memory copy of 1
 is serialized and sent to the buddy in the background (holdings.py), and its file is named by rank,
 so the supervisor resumes from a report only where every old rank's share is held by a survivor.
 
+Copying and sending a share costs memory bandwidth at every report it is made at: `ShareCadence`
+spaces the copies so that they take at most `ElasticConfig.sharded_state_budget` of the loop's time,
+and every rank copies at the same reports (`report_barrier.any_rank`): a report is resumed from only
+where every rank's share of it is held.
+
 The re-sharding is FSDP2's layout (DTensor `Shard(0)` on a 1-D mesh: `torch.chunk` rows): each new
 rank takes the rows it owns at the new world from the old shares that hold them, reading only those.
 """
@@ -36,6 +41,27 @@ def is_sharded(model: torch.nn.Module) -> bool:
                 f"(fully_shard's default); this one has placements {p.placements} on a {p.device_mesh.ndim}-D mesh. "
                 "Report a DCP checkpoint instead (elastic_train.torch.save_state).")
     return bool(sharded)
+
+
+class ShareCadence:
+    """When a report copies this rank's share: at the first report, then once the time since the last
+    copy began is at least its cost (the copy, and its replication to the buddy) over `budget`, the
+    share of the loop's time it may take; never while the last copy is still on its way (so no
+    copy waiting for the replicator is replaced before the buddy has it)."""
+
+    def __init__(self, budget: float):
+        self._budget = budget
+        self._last: tuple[float, float] | None = None  # (when the last copy began, how long it took)
+
+    def due(self, now: float, replication_s: float | None) -> bool:
+        """`replication_s`: how long the last copy's replication took; None while it is under way."""
+        if self._last is None:
+            return True
+        began, copy_s = self._last
+        return replication_s is not None and now - began >= (copy_s + replication_s) / self._budget
+
+    def copied(self, began: float, copy_s: float) -> None:
+        self._last = (began, copy_s)
 
 
 def local_copy(state: Any, rank: int) -> dict[str, Any]:
@@ -94,13 +120,13 @@ def reshard(shares: dict[int, dict[str, Any]], mesh: Any) -> Any:
         local, offset = compute_local_shape_and_global_offset(shape, mesh, (Shard(0),))
         start, end = offset[0], offset[0] + local[0]
         pieces = []
-        for rank in sorted(shares):
+        for rank in shares:
             held = _at(shares[rank]["state"], path)
             first = offsets[rank][path]
             low, high = max(start, first), min(end, first + held.shape[0])
             if low < high:
-                pieces.append(held[low - first:high - first])
-        rows = torch.cat(pieces) if pieces else torch.empty((0, *shape[1:]), dtype=_at(base["state"], path).dtype)
+                pieces.append((low, held[low - first:high - first]))
+        rows = torch.cat([piece for _, piece in sorted(pieces, key=lambda p: p[0])]) if pieces else torch.empty((0, *shape[1:]), dtype=_at(base["state"], path).dtype)
         if rows.shape[0] != end - start:
             raise CheckpointError(f"re-sharding {'.'.join(map(str, path))}: rows {start}-{end} are not all held by "
                                   f"the shares of old ranks {sorted(shares)}")
