@@ -15,10 +15,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 import torch
+from torch.utils.data import DataLoader
 
 import elastic_train as et
 
@@ -153,8 +154,6 @@ def train_loop(config: dict[str, Any]) -> None:
     instead; with `checkpoint_every` 0, no checkpoint at all (elastic_train keeps the model and
     optimizer live). Every rank logs each step's start and end to `<log_dir>/progress.jsonl` before
     reporting. With `kills` and `kill_every`, rank 1 SIGKILLs itself on schedule (see `kill_if_due`)."""
-    from torch.utils.data import DataLoader
-
     api = importlib.import_module(config["api"])
     api_torch = importlib.import_module(config["api"] + ".torch")
     context = api.get_context()
@@ -176,19 +175,9 @@ def train_loop(config: dict[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
     ddp = api_torch.prepare_model(model, live_state=True) if kept else api_torch.prepare_model(model)
-    table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
-    samples = torch.arange((config["steps"] + 1) * BATCH * context.get_world_size())
-    loader = api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
-    step = start - 1
-    for ids in loader:
-        step += 1
-        if step > config["steps"]:
-            break
-        rank = context.get_world_rank()
-        if rank == 1 and config.get("kills"):
-            kill_if_due(log, step, config["kills"], config["kill_every"])
+    for step, inputs in workload_steps(api_torch, context, config, start, width):
         began = time.time()
-        loss = train_step(ddp, optimizer, table[ids % TABLE], config["step_time"])
+        loss = train_step(ddp, optimizer, inputs, config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": context.get_world_rank(),
                   "world_size": context.get_world_size(), "step": step}
         with open(log / "progress.jsonl", "a") as f:
@@ -206,6 +195,24 @@ def train_loop(config: dict[str, Any]) -> None:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        Path(d) / "state.pt")
             api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
+
+
+def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: int,
+                   width: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """The workload's steps from `start` to `config["steps"]`: each step's number and inputs, a batch of
+    sample ids from `prepare_data_loader` (one epoch long enough for the run), each id a row of a
+    seeded table. Rank 1 SIGKILLs itself on schedule first (`config["kills"]`, `kill_if_due`)."""
+    table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
+    samples = torch.arange((config["steps"] + 1) * BATCH * context.get_world_size())
+    loader = api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
+    step = start - 1
+    for ids in loader:
+        step += 1
+        if step > config["steps"]:
+            return
+        if context.get_world_rank() == 1 and config.get("kills"):
+            kill_if_due(Path(config["log_dir"]), step, config["kills"], config["kill_every"])
+        yield step, table[ids % TABLE]
 
 
 def kill_if_due(log: Path, step: int, kills: int, every: int) -> None:

@@ -28,9 +28,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.utils.data import DataLoader
 
-from benchmarks.common import BATCH, TABLE, WIDTH, kill_if_due, train_step
+from benchmarks.common import WIDTH, train_step, workload_steps
 
 FSDP_WIDTH = 896  # 4 x Linear(896, 896): 3.2 M parameters, 38 MB with AdamW's two moments
 
@@ -47,7 +46,7 @@ def train_loop(config: dict[str, Any]) -> None:
     every = config.get("checkpoint_every", 1)
     kept = config["api"] == "elastic_train"  # its state kept between the loop's checkpoints
     if config["api"] == "elastic_train":
-        model = api_torch.prepare_model(model, parallel_strategy="fsdp", live_state=kept)
+        model = api_torch.prepare_model(model, parallel_strategy="fsdp", live_state=True)
     else:
         mesh = init_device_mesh("cpu", (context.get_world_size(),))
         for layer in model:
@@ -65,19 +64,11 @@ def train_loop(config: dict[str, Any]) -> None:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             start = json.loads(Path(d, "step.json").read_text())["step"] + 1
     prepared = time.time() - entered
-    loader = api_torch.prepare_data_loader(DataLoader(torch.arange((config["steps"] + 1) * BATCH * context.get_world_size()),
-                                                      batch_size=BATCH))
-    table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
-    step, first = start - 1, True
-    for ids in loader:
-        step += 1
-        if step > config["steps"]:
-            break
+    first = True
+    for step, inputs in workload_steps(api_torch, context, config, start, width):
         rank = context.get_world_rank()
-        if rank == 1 and config.get("kills"):
-            kill_if_due(log, step, config["kills"], config["kill_every"])
         began = time.time()
-        loss = train_step(model, optimizer, table[ids % TABLE], config["step_time"])
+        loss = train_step(model, optimizer, inputs, config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": rank,
                   "world_size": context.get_world_size(), "step": step, **({"prepared_s": prepared} if first else {})}
         first = False

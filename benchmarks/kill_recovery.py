@@ -169,30 +169,36 @@ def measure(log: Path, workers: int = NUM_WORKERS) -> dict[str, Any]:
 
 
 def _sharded_costs(progress: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
-    """The FSDP loop's own timings (benchmarks.fsdp_loop): per kill, the longest time a rank of the
-    next generation took from entering the loop to a sharded model restored; and the median report."""
+    """The FSDP loop's own timings (benchmarks.fsdp_loop): per kill, the time to the end of the first
+    step begun after it (`resume_s` waits for the killed step, so it counts the steps redone) and the
+    longest time a rank of the next generation took from entering the loop to a sharded model
+    restored; and the median report."""
     if not any("report_s" in r for r in progress):
         return {}
-    prepared = []
+    prepared, first_step = [], []
     for kill in kills:
+        after = [r["time"] for r in progress if r["start"] > kill["time"]]
+        first_step.append(round(min(after) - kill["time"], 3) if after else None)
         first = [r for r in progress if "prepared_s" in r and r["start"] > kill["time"]]
         generation = [r["prepared_s"] for r in first if r["start"] - first[0]["start"] < 1.0] if first else []
         prepared.append(round(max(generation), 3) if generation else None)
-    return {**spread("prepared_s", prepared),
+    return {**spread("prepared_s", prepared), **spread("first_step_s", first_step),
             "report_s_median": round(statistics.median(r["report_s"] for r in progress if "report_s" in r), 4)}
 
 
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
     sharded = report.get("framework") == "fsdp"  # the loop's own timings: benchmarks.fsdp_loop
-    extra = " | loop entry -> state restored: median (min-max) | report |" if sharded else " |"
+    extra = (" | kill -> end of the first step begun after it | loop entry -> state restored: median (min-max) "
+             "| report |") if sharded else " |"
     rows = [f"| system | kills | kill -> next step: median (min-max) | kill -> {report.get('workers', NUM_WORKERS)} "
             "workers again: median (min-max) | survivors' pause when growing: median (min-max) "
             "| steps redone: total (median) | rank-0 steps at world size | step | wall" + extra,
-            "| --- " * (11 if sharded else 9) + "|"]
+            "| --- " * (12 if sharded else 9) + "|"]
     for s in report["systems"]:
         sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
-        costs = f" | {median_spread(s, 'prepared_s')} | {s['report_s_median'] * 1000:.1f} ms |" if sharded else " |"
+        costs = (f" | {median_spread(s, 'first_step_s')} | {median_spread(s, 'prepared_s')} "
+                 f"| {s['report_s_median'] * 1000:.1f} ms |") if sharded else " |"
         rows.append(f"| {s['system']} | {s['kills']} | {median_spread(s, 'resume_s')} "
                     f"| {median_spread(s, 'full_size_s')} | {median_spread(s, 'grow_pause_s')} "
                     f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) "

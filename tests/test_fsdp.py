@@ -22,7 +22,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import elastic_train as train
 from elastic_train import Checkpoint, ElasticConfig, RunConfig, ScalingConfig
-from elastic_train.torch import TorchTrainer, keep_state, load_state, prepare_model, save_state
+from elastic_train.torch import TorchTrainer, get_device, keep_state, load_state, prepare_model, save_state
 from tests.loops import log_progress, read_progress
 from tests.patterns import step_lines, summary
 
@@ -47,12 +47,13 @@ def digest(model: torch.nn.Module) -> str:
     """The whole parameters' SHA-256 (a collective: each rank gathers every shard)."""
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().full_tensor().numpy().tobytes())
+        h.update(p.detach().full_tensor().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
 def fsdp_kept_loop(config: dict) -> None:
     ctx = train.get_context()
+    device = get_device()
     model = prepare_model(blocks(), parallel_strategy="fsdp", live_state=True,
                           parallel_strategy_kwargs={"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -73,7 +74,7 @@ def fsdp_kept_loop(config: dict) -> None:
         for n, kill in enumerate(config["kills"]):
             if step == kill["step"] and rank in kill["ranks"] and _once(config, f"kill{n}-rank{rank}"):
                 os.kill(os.getpid(), signal.SIGKILL)
-        x, y = batch(step)
+        x, y = (t.to(device) for t in batch(step))
         per = BATCH // world
         loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
         loss.backward()
@@ -119,10 +120,14 @@ def reference() -> dict[int, float]:
     return out
 
 
-def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_every: int = STEPS + 1):
+def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_every: int = STEPS + 1,
+        gpu_share: float | None = None, tolerance: float = 1e-5):
+    """fsdp_kept_loop with `kills`; on CPUs, or on GPUs (`gpu_share` of one per worker, over NCCL), each
+    loss within `tolerance` of the fault-free run's (computed on the CPU)."""
     config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every}
-    result = TorchTrainer(fsdp_kept_loop, train_loop_config=config,
-                          scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+    scaling = (ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}) if gpu_share is None else
+               ScalingConfig(num_workers=workers, use_gpu=True, resources_per_worker={"GPU": gpu_share}))
+    result = TorchTrainer(fsdp_kept_loop, train_loop_config=config, scaling_config=scaling,
                           run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
                                                elastic_config=ElasticConfig(sharded_state_budget=1.0))).fit()
     timeline = summary(result)
@@ -132,7 +137,7 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
     assert {p["step"] for p in lines} == set(range(1, STEPS + 1)), timeline
     expected = reference()
     wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
-             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
+             for p in lines if abs(p["loss"] - expected[p["step"]]) > tolerance * abs(expected[p["step"]])]
     assert not wrong, "\n".join(wrong) + f"\n{timeline}"
     # Each generation's restored parameters are those of the report it resumed from, bit for bit.
     reported = {(p["generation"], p["step"]): p["digest"] for p in lines}

@@ -277,3 +277,21 @@ def test_nccl_a_newcomer_receives_the_kept_state_over_the_group():
             p.kill()
             p.join(30)
     assert results == [{"same": True, "received": False}, {"same": True, "received": True}], results
+
+
+@pytest.mark.timeout(300)
+@needs_gpu
+def test_fsdp2_kept_state_is_resharded_under_nccl(gpu_ray, run_dirs):
+    """tests/test_fsdp.py's first case on the GPUs: an FSDP2 transformer stack at 3 ranks over NCCL,
+    rank 1 SIGKILLed at step 8; the survivors re-shard the last report's state from their shares
+    (copied to host memory) onto their GPUs at 2, and a replacement joins at 3. The restored
+    parameters equal the reported ones bit for bit; the losses are the CPU reference's within 1e-3
+    (the GPU's kernels round differently)."""
+    from tests.test_fsdp import fit
+
+    share = 1.0 if gpus >= RANKS else math.floor(100 / math.ceil(RANKS / gpus)) / 100
+    result, generations, timeline = fit(run_dirs, (2, RANKS), [{"step": 8, "ranks": [1]}], gpu_share=share,
+                                        tolerance=1e-3)
+    assert [e["world_size"] for e in generations][:2] == [RANKS, 2], timeline
+    assert generations[1]["resume_from"] == "memory", timeline
+

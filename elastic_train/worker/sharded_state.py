@@ -137,8 +137,8 @@ def reshard(shares: dict[int, dict[str, Any]], mesh: Any) -> Any:
     def walk(value: Any, path: Path) -> Any:
         if path in built:
             return built[path]
-        if isinstance(value, torch.Tensor):
-            return value.clone() if device is None else value.to(device, copy=True)
+        if isinstance(value, torch.Tensor):  # on the host: a buffer loads into the model's, and an optimizer
+            return value.clone()  # moves its step count where its policy has it (a CPU step: no sync per step)
         if isinstance(value, dict):
             return {k: walk(v, path + (k,)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
