@@ -27,7 +27,7 @@ from tests.loops import log_progress, read_progress
 from tests.patterns import step_lines, summary
 
 BATCH = 12  # rows of each step's global batch: equal shares at 1, 2, 3 or 4 ranks
-STEPS = 40
+STEPS = 30
 LR_STEP = 4  # the scheduler's period: each recovery must restore its count
 
 

@@ -189,12 +189,18 @@ def test_a_report_of_shares_is_resumed_from_only_where_every_ranks_share_is_held
 def test_a_share_is_copied_when_its_cost_fits_the_budget_and_its_last_copy_reached_the_buddy():
     cadence = ShareCadence(budget=0.05)
     assert cadence.due(100.0, None)  # the generation's first report
-    cadence.copied(100.0, copy_s=0.01)
+    cadence.copied(100.0, copy_s=0.01, replication_s=None)
     assert not cadence.due(100.5, None)  # on its way to the buddy
     assert not cadence.due(100.5, 0.04)  # (0.01 + 0.04) / 0.05: 1 s between copies
     assert cadence.due(101.0, 0.04)
+    # A slow copy (the first to a buddy sets up the connection) does not hold the next one back: the
+    # lower of the last two copies' costs counts.
+    cadence.copied(101.0, copy_s=0.01, replication_s=0.04)
+    assert cadence.due(102.0, 0.39)  # 0.4 s, but the copy before cost 0.05
+    cadence.copied(102.0, copy_s=0.01, replication_s=0.39)
+    assert not cadence.due(103.0, 0.39) and cadence.due(110.0, 0.39)  # two slow copies in a row: 8 s
     every = ShareCadence(budget=1.0)
-    every.copied(0.0, copy_s=0.01)
+    every.copied(0.0, copy_s=0.01, replication_s=None)
     assert every.due(0.07, 0.05) and not every.due(0.07, None)
 
 

@@ -119,15 +119,15 @@ def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bo
     return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True, group=generation_group()))
 
 
-def any_rank(flag: bool) -> bool:
-    """Is `flag` set on some rank? A small all-reduce over the generation's group, waited for; raises
+def every_rank(flag: bool) -> bool:
+    """Is `flag` set on every rank? A small all-reduce over the generation's group, waited for; raises
     what a failed collective raises."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return flag
     nccl = dist.get_backend() == "nccl"
     flags = torch.tensor([int(flag)], dtype=torch.int32,
                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=generation_group())
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=generation_group())
     return bool(flags.item())
 
 

@@ -30,7 +30,7 @@ from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.report_barrier import any_rank, pipelines
+from elastic_train.worker.report_barrier import every_rank, pipelines
 from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
 from elastic_train.worker.sharded_state import ShareCadence
@@ -172,19 +172,20 @@ class TrainSession:
 
     def _kept_part(self) -> LivePart | None:
         """The kept state's part of this report. A sharded model's share is copied only where the
-        cadence finds it due on some rank, and then by every rank: a report is resumed from only where
-        every rank's share of it is held (sharded_state.py)."""
+        cadence finds it due on every rank: a report is resumed from only where every rank's share of
+        it is held, and no rank's copy may replace one still on its way to its buddy (sharded_state.py)."""
         if not self._kept.sharded:
             return self._kept.snapshot()
+        replication_s = self._host.replication_s()
         try:
-            due = any_rank(self._shares.due(time.monotonic(), self._host.replication_s()))
+            due = every_rank(self._shares.due(time.monotonic(), replication_s))
         except RuntimeError as exc:
             raise PeerLost(f"report {self.index}'s agreement on copying the sharded state failed: {exc}") from exc
         if not due:
             return None
         began = time.monotonic()
         part = self._kept.snapshot()
-        self._shares.copied(began, time.monotonic() - began)
+        self._shares.copied(began, time.monotonic() - began, replication_s)
         return part
 
     def _barrier(self, made: Made, step: Callable[[], T]) -> T:
