@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -388,6 +388,37 @@ def wrong_states(lines: list[dict], steps: int) -> list[str]:
     return [f"rank {p['rank']} gen {p['generation']} step {p['step']}: w={p['w']} buf={p['buf']}, "
             f"expected w={expected[p['step']][0]} buf={expected[p['step']][1]}"
             for p in lines if [p["w"], p["buf"]] != [*map(list, expected[p["step"]])]]
+
+
+def fault_free_losses(model: torch.nn.Module, batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], steps: int,
+                      scheduler: Callable[[torch.optim.Optimizer], Any] | None = None) -> dict[int, float]:
+    """The losses of a fault-free run, in this process: AdamW on `model`, MSE on each step's global
+    batch (its ranks' equal shares, averaged, are the whole batch), with `scheduler` if given."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stepped = scheduler(optimizer) if scheduler is not None else None
+    out = {}
+    for step in range(1, steps + 1):
+        x, y = batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if stepped is not None:
+            stepped.step()
+        out[step] = loss.item()
+    return out
+
+
+def assert_losses(lines: list[dict], expected: dict[int, float], timeline: str, tolerance: float = 1e-5) -> None:
+    """Every step redone at the same world size has the loss it had the first time; every step, the
+    fault-free run's loss (within `tolerance`, relative)."""
+    first = {}
+    for p in lines:
+        again = first.setdefault((p["step"], p["world"]), p["loss"])
+        assert p["loss"] == again, f"step {p['step']} redone with loss {p['loss']}, first {again}\n{timeline}"
+    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
+             for p in lines if abs(p["loss"] - expected[p["step"]]) > tolerance * abs(expected[p["step"]])]
+    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
 
 
 def summary(result: train.Result) -> str:

@@ -29,7 +29,7 @@ from chaos.memory import corrupt_held_copy
 from tests.conftest import release_ray, start_ray
 from tests.helpers import fit_in_background
 from tests.loops import log_progress, read_progress
-from tests.patterns import AppState, step_lines, steps_redone, summary
+from tests.patterns import AppState, assert_losses, fault_free_losses, step_lines, steps_redone, summary
 
 
 @pytest.fixture
@@ -235,34 +235,6 @@ def fsdp2_dcp_loop(config):
             train.report({"step": step})
 
 
-def fsdp_reference(steps: int) -> dict[int, float]:
-    """The fault-free losses, in this process: the ranks' equal shares averaged are the whole batch."""
-    model = fsdp_blocks()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    out = {}
-    for step in range(1, steps + 1):
-        x, y = fsdp_batch(step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        out[step] = loss.item()
-    return out
-
-
-def assert_fsdp_losses(lines: list[dict], steps: int, timeline: str) -> None:
-    """Every step redone at the same world size has the loss it had the first time; every step, the
-    loss of the fault-free run."""
-    first = {}
-    for p in lines:
-        again = first.setdefault((p["step"], p["world"]), p["loss"])
-        assert p["loss"] == again, f"step {p['step']} redone with loss {p['loss']}, first {again}\n{timeline}"
-    expected = fsdp_reference(steps)
-    wrong = [f"gen {p['generation']} world {p['world']} step {p['step']}: {p['loss']} != {expected[p['step']]}"
-             for p in lines if abs(p["loss"] - expected[p["step"]]) > 1e-5 * abs(expected[p["step"]])]
-    assert not wrong, "\n".join(wrong) + f"\n{timeline}"
-
-
 def fit_fsdp2(run_dirs: dict, scaling, **config) -> tuple[train.Result, list[dict], str]:
     """fsdp2_dcp_loop for 20 steps, rank 1 SIGKILLed at step 12; the result, rank 0's lines, the timeline."""
     config = {"log_dir": run_dirs["log_dir"], "steps": 20, "kill_at": 12, "kill_rank": 1, "step_time": 0.05, **config}
@@ -273,7 +245,7 @@ def fit_fsdp2(run_dirs: dict, scaling, **config) -> tuple[train.Result, list[dic
     assert not [e for e in result.events if e["kind"] == "failure"], timeline
     lines = [p for p in step_lines(read_progress(run_dirs["log_dir"]), result) if p["rank"] == 0]
     assert {p["step"] for p in lines} == set(range(1, config["steps"] + 1)), timeline
-    assert_fsdp_losses(lines, config["steps"], timeline)
+    assert_losses(lines, fault_free_losses(fsdp_blocks(), fsdp_batch, config["steps"]), timeline)
     return result, lines, timeline
 
 

@@ -81,11 +81,12 @@ def prepare_model(
         model = model.to(device)
     wraps = parallel_strategy is not None and dist.is_initialized() and _max_world_size() > 1
     kwargs = dict(parallel_strategy_kwargs or {})
+    session = current_session()
     if parallel_strategy == "fsdp":  # sharded before its state is kept: the kept state is the shards
         if wraps:
             model = shard(model, kwargs, device)
-            if current_session() is not None:
-                current_session().bound_to_world()  # each rank holds its share of this world
+            if session is not None:
+                session.bound_to_world()  # each rank holds its share of this world
         if live_state:
             get_session("prepare_model").keep_state(model)
         return model
@@ -95,7 +96,6 @@ def prepare_model(
         return model
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
-    session = current_session()
     if session is not None and "process_group" in kwargs:
         session.bound_to_world()
     if session is None or not session.recovers_in_place or world_group() is None:

@@ -70,7 +70,7 @@ class KeptState:
         self._objects: list[Stateful] = []  # `keep()`: an LR scheduler, ...
         self._restored_objects: list[dict[str, Any]] = []
         if restored is not None:
-            _load(model, restored["model"])
+            _load(model, restored["model"], self._sharded)
             self._pending = list(restored["optimizers"])
             self._restored_objects = list(restored["objects"])
         self._hook = register_optimizer_step_pre_hook(self._before_step)
@@ -132,12 +132,12 @@ class KeptState:
         self._hook.remove()
 
 
-def _load(model: torch.nn.Module, state: dict[str, Any]) -> None:
+def _load(model: torch.nn.Module, state: dict[str, Any], sharded: bool) -> None:
     """Load `state` into `model`, but not onto the model's own tensors: a model object the loop kept
     across generations holds its parameters already, and a state that a survivor holds for its peers
     must not be written (each write moves its versions on: live_part.py). A sharded model's state is
     made for it afresh (sharded_state.py `reshard`)."""
-    if is_sharded(model):
+    if sharded:
         model.load_state_dict(state)
         return
     own = model.state_dict()

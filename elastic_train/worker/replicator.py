@@ -64,7 +64,7 @@ class Replicator(BackgroundThread[Copy]):
         peer, held, part, facts = copy
         started = time.monotonic()
         files = part.files() if isinstance(part, LivePart) else part
-        made = file_facts(files) if isinstance(part, LivePart) else facts_made(files, facts)
+        made = facts_made(files, facts) or file_facts(files)  # as reported, else (a private live part) made now
         try:
             self._send(peer, dataclasses.replace(held, facts=made or {}), files)
         except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another

@@ -148,9 +148,9 @@ class Resume:
 
     def _gather(self, plan: ResumePlan, names: list[str] | None = None) -> dict[str, bytes]:
         """The checkpoint's files (or those of `names`) from the memory of the survivors that hold
-        them (this one included), each checked against the facts it was reported with. A holder lost meanwhile ends the
-        generation (the next one resumes from what is left), as a lost peer does: it is no error of
-        the loop's. So does a copy that is not what was reported (`_check_served`)."""
+        them (this one included), each checked against the facts it was reported with. A holder lost
+        meanwhile ends the generation (the next one resumes from what is left), as a lost peer does: it
+        is no error of the loop's. So does a copy that is not what was reported (`_check_served`)."""
         worker_id, peers = self._setup.worker_id, self._setup.context.assignment.peers
         holders = {holder: [n for n in held if names is None or n in names] for holder, held in plan.holders.items()}
         holders = {holder: held for holder, held in holders.items() if held}
