@@ -1,25 +1,63 @@
 """elastic_train: fault tolerance and elastic scaling for distributed PyTorch training on Ray.
 
 The API mirrors Ray Train's, so code written for `ray.train` runs after changing its imports.
+
+Its names are imported when first used (PEP 562): the supervisor's process, which never trains,
+starts without importing torch (a second of every run's start).
 """
 
-from elastic_train.api import (ReportedCheckpoint, get_all_reported_checkpoints, get_checkpoint, get_context,
-                               get_preemption_info, report)
-from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
-from elastic_train.protocol import PreemptionInfo
-from elastic_train.checkpoint import Checkpoint
-from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
-from elastic_train.callbacks import TrainRunContext, UserCallback
-from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
-                                  TrainingFailedError, WorkerGroupError)
-from elastic_train.result import Result
-from elastic_train.backend import BackendConfig
-from elastic_train.trainer import DataParallelTrainer, TorchTrainer
-from elastic_train.worker.context import TrainContext
-from elastic_train.unsupported import UnsupportedAPIError
-# Ray Train names that elastic_train does not provide fail with what to use instead (unsupported.py).
-from elastic_train.unsupported import ray_train_getattr as __getattr__  # noqa: F401
-from elastic_train import torch  # noqa: E402,F401 - `elastic_train.torch.prepare_model`, as `ray.train.torch`
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from elastic_train.unsupported import lazy_getattr, ray_train_getattr
+
+if TYPE_CHECKING:
+    from elastic_train import torch
+    from elastic_train.api import (ReportedCheckpoint, get_all_reported_checkpoints, get_checkpoint, get_context,
+                                   get_preemption_info, report)
+    from elastic_train.backend import BackendConfig
+    from elastic_train.callbacks import TrainRunContext, UserCallback
+    from elastic_train.checkpoint import Checkpoint
+    from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
+    from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
+    from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
+                                      TrainingFailedError, WorkerGroupError)
+    from elastic_train.protocol import PreemptionInfo
+    from elastic_train.result import Result
+    from elastic_train.trainer import DataParallelTrainer, TorchTrainer
+    from elastic_train.unsupported import UnsupportedAPIError
+    from elastic_train.worker.context import TrainContext
+
+_WHERE = {  # name -> the module that defines it
+    **dict.fromkeys(["ReportedCheckpoint", "get_all_reported_checkpoints", "get_checkpoint", "get_context",
+                     "get_preemption_info", "report"], "elastic_train.api"),
+    **dict.fromkeys(["CheckpointConsistencyMode", "CheckpointUploadMode", "ReportedCheckpointStatus"],
+                    "elastic_train.checkpoint.modes"),
+    "PreemptionInfo": "elastic_train.protocol",
+    "Checkpoint": "elastic_train.checkpoint",
+    **dict.fromkeys(["CheckpointConfig", "ElasticConfig", "FailureConfig", "RunConfig", "ScalingConfig"],
+                    "elastic_train.config"),
+    **dict.fromkeys(["TrainRunContext", "UserCallback"], "elastic_train.callbacks"),
+    **dict.fromkeys(["CheckpointError", "ConfigError", "ControllerError", "PreemptionError", "StorageError",
+                     "TrainingFailedError", "WorkerGroupError"], "elastic_train.errors"),
+    "Result": "elastic_train.result",
+    "BackendConfig": "elastic_train.backend",
+    **dict.fromkeys(["DataParallelTrainer", "TorchTrainer"], "elastic_train.trainer"),
+    "TrainContext": "elastic_train.worker.context",
+    "UnsupportedAPIError": "elastic_train.unsupported",
+    "torch": "elastic_train.torch",
+}
+
+
+# A public name, imported on first use; `elastic_train.torch` as `ray.train.torch`; a Ray Train name
+# elastic_train does not provide fails with what to use instead (unsupported.py).
+__getattr__ = lazy_getattr(globals(), _WHERE, ray_train_getattr)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "DataParallelTrainer",

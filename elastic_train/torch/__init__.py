@@ -2,14 +2,11 @@
 get_device(s), enable_reproducibility, and accelerate/prepare_optimizer/backward (full precision);
 and our save_state/load_state (model and optimizer state through torch.distributed.checkpoint)."""
 
-import importlib
-from typing import Any
-
 from elastic_train.torch.config import TorchConfig
 from elastic_train.torch.data import prepare_data_loader
 from elastic_train.torch.loop_utils import accelerate, backward, enable_reproducibility, prepare_optimizer
 from elastic_train.torch.model import get_device, get_devices, keep_state, prepare_model
-from elastic_train.unsupported import ray_train_torch_getattr
+from elastic_train.unsupported import lazy_getattr, ray_train_torch_getattr
 
 __all__ = [
     "TorchTrainer",
@@ -37,10 +34,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    return ray_train_torch_getattr(name)  # Ray Train names not provided: what to use instead
+__getattr__ = lazy_getattr(globals(), _LAZY, ray_train_torch_getattr)  # Ray Train names not provided: what to use instead
 
 
 def __dir__() -> list[str]:

@@ -11,7 +11,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
-from elastic_train.torch.fsdp import shard
 from elastic_train.torch.reduction import StepReduction
 from elastic_train.worker.session import current_session, get_session
 from elastic_train.worker.sharded_state import is_sharded
@@ -84,6 +83,8 @@ def prepare_model(
     session = current_session()
     if parallel_strategy == "fsdp":  # sharded before its state is kept: the kept state is the shards
         if wraps:
+            from elastic_train.torch.fsdp import shard  # torch's FSDP, imported by the loops that use it
+
             model = shard(model, kwargs, device)
             if session is not None:
                 session.bound_to_world()  # each rank holds its share of this world

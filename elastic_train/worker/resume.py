@@ -17,7 +17,6 @@ from typing import Any, Callable
 import ray
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from elastic_train.checkpoint.checkpoint import (STATE_FILE, Checkpoint, checkpoint_from_files, dict_from_bytes,
                                                  is_state_file, share_file, share_rank)
@@ -27,7 +26,7 @@ from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.worker.host import SessionHost, SessionSetup
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.sharded_state import is_sharded, needed, reshard
+from elastic_train.worker.sharded_state import is_sharded, mesh_of, needed, reshard
 from elastic_train.worker.state_transfer import share
 
 logger = logging.getLogger(__name__)
@@ -134,7 +133,7 @@ class Resume:
                 "this generation resumes from a sharded model's kept state, but the model handed to "
                 "prepare_model(live_state=True) is not sharded: shard it as the loop did before "
                 "(prepare_model(parallel_strategy='fsdp'), or fully_shard before prepare_model).")
-        mesh = next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
+        mesh = mesh_of(model)
         wanted = needed(model, old_world)
         shares: dict[int, dict[str, Any]] = {}
         own = self._host.held_state(plan.generation, plan.index)

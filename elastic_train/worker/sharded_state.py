@@ -19,19 +19,24 @@ rank takes the rows it owns at the new world from the old shares that hold them,
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable
 
 import torch
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from elastic_train.errors import CheckpointError
 
+# torch.distributed.tensor is imported where a sharded model is: its import (sympy's) takes half a
+# second of every worker's and the supervisor's start.
 Path = tuple[Any, ...]
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Are `model`'s parameters DTensors (FSDP2's)? Such a model's kept state is its ranks' shares."""
+    if "torch.distributed.tensor" not in sys.modules:  # nothing has made a DTensor
+        return False
+    from torch.distributed.tensor import DTensor, Shard
+
     params = [p for p in model.parameters()]
     sharded = [p for p in params if isinstance(p, DTensor)]
     for p in sharded:
@@ -77,6 +82,9 @@ class ShareCadence:
 def local_copy(state: Any, rank: int) -> dict[str, Any]:
     """This rank's share of a state nest: every tensor copied to host memory, each DTensor as its local
     rows, noted with its global shape and first row."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
     shards: list[tuple[Path, tuple[int, ...], int]] = []
 
     def walk(value: Any, path: Path) -> Any:
@@ -104,6 +112,9 @@ def _rows(rows: int, world: int, rank: int) -> tuple[int, int]:
 def needed(model: torch.nn.Module, old_world: int) -> list[int]:
     """The old ranks whose shares hold rows this rank owns now (the optimizers' state is laid out as
     the parameters are); at least one, for the values every rank holds alike."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
     found: set[int] = set()
     for p in model.parameters():
         if not isinstance(p, DTensor) or not p.shape:
@@ -122,6 +133,9 @@ def reshard(shares: dict[int, dict[str, Any]], mesh: Any) -> Any:
     at least): each sharded tensor a DTensor of the rows this rank owns now, every other value the
     lowest share's (all ranks hold those alike), all of it fresh tensors (the loop's optimizer writes
     what it is given; the shares must stay as reported)."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
     base = shares[min(shares)]
     offsets = {rank: {path: first for path, _, first in share["shards"]} for rank, share in shares.items()}
     device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" else None
@@ -156,6 +170,13 @@ def reshard(shares: dict[int, dict[str, Any]], mesh: Any) -> Any:
         return value
 
     return walk(base["state"], ())
+
+
+def mesh_of(model: torch.nn.Module) -> Any:
+    """The device mesh a sharded model's parameters are laid out on."""
+    from torch.distributed.tensor import DTensor
+
+    return next(p.device_mesh for p in model.parameters() if isinstance(p, DTensor))
 
 
 def _at(nest: Any, path: Iterable[Any]) -> Any:
