@@ -23,6 +23,8 @@ from elastic_train.checkpoint.checkpoint import share_file
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.torch.fsdp import fsdp_arguments, shard
+from elastic_train.worker.holdings import Holdings
+from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.memory import CheckpointMemory
 from elastic_train.worker.sharded_state import ShareCadence, is_sharded, local_copy, needed, reshard
 from tests.test_process_group import TIMEOUT_S, _run
@@ -214,3 +216,49 @@ def test_a_resumed_generation_drops_the_later_reports_it_redoes():
     memory.forget_after(1, 10)
     memory.put(HeldCheckpoint(1, 2, 0, [share_file(0)], []), {share_file(0): b"newer"})
     assert memory.keys() == [(1, 10), (2, 1)]
+
+
+@pytest.mark.timeout(30)
+def test_a_buddy_keeps_one_share_of_its_peer_once_every_ranks_newer_share_reached_its_buddy():
+    """Ranks 0 and 1 of generation 1, each the other's buddy, copy their shares at reports 1-4. A
+    buddy holds the peer's older share until the report after a newer one agrees that every rank's
+    copy arrived (`replicated`): then one share of its peer at rest, and each report stays whole
+    where a rank or its buddy survives. A replica from a generation that is over gives way only to a
+    replicated copy of the running one; a parked worker drops nothing."""
+    holdings = [Holdings(2, lambda peer, held, files: peer.hold_replica(held, files, running=True)) for _ in range(2)]
+    try:
+        def report(generation: int, index: int) -> None:
+            for rank, mine in enumerate(holdings):
+                share = LivePart({"w": torch.full((3,), float(index))}, file=share_file(rank), private=True)
+                mine.hold(HeldCheckpoint(index, generation, rank, [share_file(rank)], []), share, None,
+                          holdings[1 - rank])
+            for mine in holdings:
+                assert mine._replicator.flush(10.0)
+
+        def replicas(rank: int) -> list[tuple[int, int]]:
+            return holdings[rank].replicas.keys()
+
+        report(1, 1)
+        report(1, 2)
+        assert replicas(0) == [(1, 1), (1, 2)]  # 2 is not yet known to have reached every buddy
+        for mine in holdings:
+            mine.replicated(1)
+        assert replicas(0) == replicas(1) == [(1, 2)]
+        report(1, 3)  # arrives after 2 was agreed replicated: 2 stays until 3 is
+        assert replicas(1) == [(1, 2), (1, 3)]
+        assert holdings[1].replicas.get(1, 2, [share_file(0)])  # the peer's share of 2, readable
+        holdings[0].replicated(2)  # an older generation's agreement never drops the running one's
+        assert replicas(1) == [(1, 2), (1, 3)]
+        holdings[1].replicated(1)
+        assert replicas(1) == [(1, 3)] and holdings[1].own.keys() == [(1, 2), (1, 3)]  # own: the two newest
+        # Generation 2 (rank 0 parked, then adopted): its first copy is held beside generation 1's
+        # until every rank's has reached its buddy.
+        holdings[1].hold_replica(HeldCheckpoint(4, 1, 0, [share_file(0)], []), {share_file(0): b"late"}, running=False)
+        assert replicas(1) == [(1, 3), (1, 4)]  # parked: nothing dropped
+        report(2, 5)  # running again: the newest two are kept
+        assert replicas(1) == [(1, 4), (2, 5)]
+        holdings[1].replicated(2)
+        assert replicas(1) == [(2, 5)]
+    finally:
+        for mine in holdings:
+            mine.close()

@@ -145,7 +145,7 @@ class TrainWorker:
         """Keep a peer's checkpoint part (with the facts it was reported with), and tell the
         supervisor this worker holds it."""
         running = held.generation == self._generation
-        self._held.replicas.put(held, files, evict=running)
+        self._held.hold_replica(held, files, running)
         self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running,
                                              held.facts)
 
@@ -221,6 +221,7 @@ class TrainWorker:
     def _park(self, outcome: Outcome) -> Assignment | Stop | None:
         """Wait at the supervisor for the next place, with what this worker holds; None if the supervisor is gone."""
         outcome.held = self._held.listed()
+        logger.info("worker %d parks holding %s", self.worker_id, self._held)
         try:
             return ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
         except ray.exceptions.RayActorError:
@@ -377,7 +378,7 @@ class _Host:
         self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
-        self.replication_s = worker._held.replication_s
+        self.replication_s, self.replicated = worker._held.replication_s, worker._held.replicated
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
         self.generation_ended = worker._ended.is_set
         self.reform = worker._reform

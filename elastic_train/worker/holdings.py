@@ -1,6 +1,11 @@
 """What a worker holds in memory for the run: its own checkpoint parts, and the replicas of its
 peers' parts it keeps (replicator.py copies each of its own parts to its buddy). Both outlive a
-generation: the next one resumes from them, and peers read them through the worker's actor."""
+generation: the next one resumes from them, and peers read them through the worker's actor.
+
+A sharded model's shares (sharded_state.py) are the exception to keeping the newest few of each: a
+buddy keeps one share of its peer at rest. Its older one is needed only until every rank's newer
+share has reached its buddy; from then on the newer report is whole wherever a rank or its buddy
+survives, and the older one adds nothing (docs/sharded_state.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ class Holdings:
         self.own = CheckpointMemory(checkpoints_in_memory)
         self.replicas = CheckpointMemory(checkpoints_in_memory)  # peers' parts
         self._replicator = Replicator(send_replica)
+        self._newest_share: tuple[int, int] | None = None  # (generation, index) of this worker's newest own share
+        self._replicated: tuple[int, int] | None = None  # the newest report every rank's share of reached its buddy
 
     def read(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         """Files of checkpoint `index` of `generation`, from this worker's own part or from the replica
@@ -37,8 +44,25 @@ class Holdings:
         background, with their facts (on their way). A live part is not copied: its tensors change
         under the copy (live_part.py); unless it is private (a sharded model's share, a copy already)."""
         self.own.put(held, part, facts=facts)
+        if not isinstance(part, dict) and part.private:
+            self._newest_share = (held.generation, held.index)
         if buddy is not None and (isinstance(part, dict) or part.private):
             self._replicator.submit(buddy, held, part, facts)
+
+    def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes], running: bool) -> None:
+        """Keep a peer's part. While this worker's generation runs (`running`), older parts give way:
+        the oldest beyond the newest few, and a peer's shares that a replicated report made redundant."""
+        self.replicas.put(held, files, evict=running)
+        if running and self._replicated is not None:
+            self.replicas.drop_shares_before(self._replicated)
+
+    def replicated(self, generation: int) -> None:
+        """Every rank of `generation` has its newest share at its buddy (agreed at a report: session.py
+        `_kept_part`): the shares this worker keeps for its peer from before that report are dropped.
+        Only a copy of `generation` counts: an older one's ranks were not all in the agreement."""
+        if self._newest_share is not None and self._newest_share[0] == generation:
+            self._replicated = self._newest_share
+            self.replicas.drop_shares_before(self._replicated)
 
     def forget_after(self, generation: int, index: int) -> None:
         """A generation resumes from report `index` of `generation`: the later ones are redone."""
@@ -52,6 +76,10 @@ class Holdings:
     def listed(self) -> list[HeldCheckpoint]:
         """Everything held, own parts and replicas, for the supervisor."""
         return self.own.holdings() + self.replicas.holdings()
+
+    def __str__(self) -> str:
+        return (f"reports {self.own.keys()} of its own, and {self.replicas.keys()} of its peers' "
+                f"({self.replicas.file_bytes() / 2**20:.1f} MB)")
 
     def close(self) -> None:
         self._replicator.close()

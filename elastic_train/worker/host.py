@@ -46,6 +46,9 @@ class SessionHost(Protocol):
     def replication_s(self) -> float | None:
         """How long the last copy of a part to the buddy took; None while one is on its way."""
 
+    def replicated(self, generation: int) -> None:
+        """Every rank's newest share of a sharded model reached its buddy: older share replicas may go."""
+
     def read_held(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
         """Files of a checkpoint this worker holds (its own part or a peer's replica); KeyError if not held."""
 

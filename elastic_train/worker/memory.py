@@ -11,6 +11,7 @@ from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
+from elastic_train.checkpoint.checkpoint import share_rank
 from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.worker.live_part import LivePart
@@ -96,6 +97,16 @@ class CheckpointMemory:
             for key in [k for k in self._parts if k[0] == generation and k[1] > index]:
                 self._drop(key)
 
+    def drop_shares_before(self, key: tuple[int, int]) -> None:
+        """Drop the parts made of sharded-model shares that are older than the newest such part held at
+        or before `key` (generation, index): that one makes them redundant (holdings.py `replicated`)."""
+        with self._lock:
+            shares = [k for k, (held, _) in self._parts.items()
+                      if held.names and all(share_rank(name) is not None for name in held.names)]
+            settled = [k for k in shares if k <= key]
+            for older in [k for k in shares if settled and k < max(settled)]:
+                self._drop(older)
+
     def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
         """The tensors of kept state `index` of `generation` if this worker holds them unchanged since
         their report; None otherwise (the part is not held, or was written to)."""
@@ -110,6 +121,11 @@ class CheckpointMemory:
         """(generation, index) of every part held."""
         with self._lock:
             return list(self._parts)
+
+    def file_bytes(self) -> int:
+        """The bytes of the files held (live parts' tensors not counted)."""
+        with self._lock:
+            return sum(len(data) for _, part in self._parts.values() if isinstance(part, dict) for data in part.values())
 
     def holdings(self) -> list[HeldCheckpoint]:
         """What is held, with the facts of each part's files (for the supervisor, as a worker parks or

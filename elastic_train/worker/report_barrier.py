@@ -119,16 +119,16 @@ def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bo
     return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True, group=generation_group()))
 
 
-def every_rank(flag: bool) -> bool:
-    """Is `flag` set on every rank? A small all-reduce over the generation's group, waited for; raises
-    what a failed collective raises."""
+def every_rank(*flags: bool) -> tuple[bool, ...]:
+    """Is each of `flags` set on every rank? A small all-reduce over the generation's group, waited
+    for; raises what a failed collective raises."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
+        return flags
     nccl = dist.get_backend() == "nccl"
-    flags = torch.tensor([int(flag)], dtype=torch.int32,
-                         device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=generation_group())
-    return bool(flags.item())
+    values = torch.tensor([int(flag) for flag in flags], dtype=torch.int32,
+                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
+    dist.all_reduce(values, op=dist.ReduceOp.MIN, group=generation_group())
+    return tuple(bool(v) for v in values.tolist())
 
 
 def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreed:

@@ -173,14 +173,17 @@ class TrainSession:
     def _kept_part(self) -> LivePart | None:
         """The kept state's part of this report. A sharded model's share is copied only where the
         cadence finds it due on every rank: a report is resumed from only where every rank's share of
-        it is held, and no rank's copy may replace one still on its way to its buddy (sharded_state.py)."""
+        it is held, and no rank's copy may replace one still on its way to its buddy (sharded_state.py).
+        The same agreement tells whether every rank's last copy reached its buddy (holdings.py)."""
         if not self._kept.sharded:
             return self._kept.snapshot()
         replication_s = self._host.replication_s()
         try:
-            due = every_rank(self._shares.due(time.monotonic(), replication_s))
+            due, replicated = every_rank(self._shares.due(time.monotonic(), replication_s), replication_s is not None)
         except RuntimeError as exc:
             raise PeerLost(f"report {self.index}'s agreement on copying the sharded state failed: {exc}") from exc
+        if replicated:  # every rank's last copy reached its buddy: the buddies' older replicas may go
+            self._host.replicated(self.context.assignment.generation)
         if not due:
             return None
         began = time.monotonic()
