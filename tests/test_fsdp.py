@@ -3,60 +3,38 @@ sharded with FSDP2 over the generation's world, AdamW and an LR scheduler, its s
 rank's share. A rank SIGKILLed: the survivors re-shard the last report's state from their own shares
 and the lost rank's replica on its buddy, with no storage read; a replacement receives its rows the
 same way; a rank lost with its buddy: the run resumes from the loop's DCP checkpoint at the new size.
-Each generation's restored parameters equal the last report's bit for bit; every step's loss is the
-fault-free run's. The shares are copied at every report (`sharded_state_budget=1.0`) where the
+Each generation's restored parameters equal the last report's bit for bit; every step's loss and
+parameters, the final weights among them, equal a fault-free run's that follows the same world-size
+schedule bit for bit (and its loss is the single-process run's, within float error). The shares are copied at every report (`sharded_state_budget=1.0`) where the
 machine keeps up with it (tests/test_sharded_state.py covers the cadence).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import signal
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import elastic_train as train
 from elastic_train import Checkpoint, ElasticConfig, RunConfig, ScalingConfig
 from elastic_train.torch import TorchTrainer, get_device, keep_state, load_state, prepare_model, save_state
+from tests.fsdp_reference import LR_STEP, batch, blocks, digest, same_schedule_without_faults, train_step, wrapping
 from tests.loops import log_progress, read_progress
 from tests.patterns import assert_losses, fault_free_losses, step_lines, summary
 
-BATCH = 12  # rows of each step's global batch: equal shares at 1, 2, 3 or 4 ranks
 STEPS = 30
-LR_STEP = 4  # the scheduler's period: each recovery must restore its count
-
-
-def blocks() -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers = [torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
-              for _ in range(3)]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 16))
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(BATCH, 4, 16, generator=g), torch.randn(BATCH, 4, 16, generator=g)
-
-
-def digest(model: torch.nn.Module) -> str:
-    """The whole parameters' SHA-256 (a collective: each rank gathers every shard)."""
-    h = hashlib.sha256()
-    for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().full_tensor().cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 def fsdp_kept_loop(config: dict) -> None:
     ctx = train.get_context()
     device = get_device()
-    model = prepare_model(blocks(), parallel_strategy="fsdp", live_state=True,
-                          parallel_strategy_kwargs={"auto_wrap_policy": ModuleWrapPolicy({torch.nn.TransformerEncoderLayer})})
+    model = prepare_model(blocks(), parallel_strategy="fsdp", live_state=True, parallel_strategy_kwargs=wrapping())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = keep_state(torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP, gamma=0.5))
     start = ctx.get_resume_index()
@@ -75,18 +53,10 @@ def fsdp_kept_loop(config: dict) -> None:
         for n, kill in enumerate(config["kills"]):
             if step == kill["step"] and rank in kill["ranks"] and _once(config, f"kill{n}-rank{rank}"):
                 os.kill(os.getpid(), signal.SIGKILL)
-        x, y = (t.to(device) for t in batch(step))
-        per = BATCH // world
-        loss = torch.nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
-        mean = loss.detach().clone()
-        torch.distributed.all_reduce(mean)
+        loss = train_step(model, optimizer, scheduler, step, rank, world, device)
         state = digest(model)
         if rank == 0:
-            log_progress(config["log_dir"], step=step, loss=mean.item() / world, digest=state, rank=rank,
+            log_progress(config["log_dir"], step=step, loss=loss, digest=state, rank=rank,
                          world=world, generation=ctx.get_generation())
         if step % config["checkpoint_every"] == 0:
             with tempfile.TemporaryDirectory() as directory:
@@ -94,6 +64,26 @@ def fsdp_kept_loop(config: dict) -> None:
                 train.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
         else:
             train.report({"step": step})
+
+
+def assert_same_as_the_schedule_without_faults(lines: list[dict], scratch: Path, timeline: str) -> None:
+    """The run's steps, as last computed (a redone step: its last generation's), against a fault-free
+    run following the same world-size schedule (tests/fsdp_reference.py): every step's loss and
+    parameters bit for bit, the final weights among them."""
+    final: dict[int, dict] = {}
+    for p in lines:
+        if p["step"] not in final or p["generation"] >= final[p["step"]]["generation"]:
+            final[p["step"]] = p
+    segments: list[list[int]] = []  # [world size, first step, last step]
+    for step in range(1, STEPS + 1):
+        if segments and segments[-1][0] == final[step]["world"]:
+            segments[-1][2] = step
+        else:
+            segments.append([final[step]["world"], step, step])
+    reference = same_schedule_without_faults(segments, scratch)
+    wrong = [f"step {s} at world {final[s]['world']}: {(final[s]['loss'], final[s]['digest'])} != {tuple(reference[s])}"
+             for s in range(1, STEPS + 1) if (final[s]["loss"], final[s]["digest"]) != tuple(reference[s])]
+    assert not wrong, f"schedule {segments}\n" + "\n".join(wrong) + f"\n{timeline}"
 
 
 def _once(config: dict, name: str) -> bool:
@@ -108,7 +98,8 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
         gpu_share: float | None = None, tolerance: float = 1e-5):
     """fsdp_kept_loop with `kills`; on CPUs, or on GPUs (`gpu_share` of one per worker, over NCCL): each
     step redone at a world size gives the loss it gave the first time, and each loss is within
-    `tolerance` of the fault-free run's (computed on the CPU)."""
+    `tolerance` of the fault-free run's (computed on the CPU); on CPUs, every step's loss and
+    parameters equal a fault-free run's at the same world sizes, bit for bit."""
     config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every}
     scaling = (ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}) if gpu_share is None else
                ScalingConfig(num_workers=workers, use_gpu=True, resources_per_worker={"GPU": gpu_share}))
@@ -128,6 +119,8 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
     for restore in [p for p in progress if "restored" in p and p["generation"] > 0]:
         earlier = [d for (g, s), d in reported.items() if s == restore["at"] and g < restore["generation"]]
         assert earlier and earlier[-1] == restore["restored"], f"{restore}\n{timeline}"
+    if gpu_share is None:
+        assert_same_as_the_schedule_without_faults(lines, Path(run_dirs["storage"], "reference"), timeline)
     return result, generations, timeline
 
 
