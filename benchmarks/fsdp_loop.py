@@ -11,12 +11,15 @@ the new world size.
 Each rank logs, per generation, `prepared_s`: the time from entering the loop to a model sharded
 and restored (FSDP2 at the new world, and the state re-sharded into it or loaded from storage); and
 per step, `report_s`: the time `report()` took (for a kept sharded state, the copy of the rank's share).
+An elastic_train worker's log (Ray's worker-*.err) says what it holds in memory each time it parks:
+reports of its own, and of its peer's shares (MB).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -34,6 +37,16 @@ from benchmarks.common import WIDTH, train_step, workload_steps
 FSDP_WIDTH = 896  # 4 x Linear(896, 896): 3.2 M parameters, 38 MB with AdamW's two moments
 
 
+def _log_parks() -> None:
+    """This worker's log says what it holds as it parks (elastic_train.worker.actor, at INFO)."""
+    logger = logging.getLogger("elastic_train.worker.actor")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def train_loop(config: dict[str, Any]) -> None:
     api = importlib.import_module(config["api"])
     api_torch = importlib.import_module(config["api"] + ".torch")
@@ -46,6 +59,7 @@ def train_loop(config: dict[str, Any]) -> None:
     every = config.get("checkpoint_every", 1)
     kept = config["api"] == "elastic_train"  # its state kept between the loop's checkpoints
     if config["api"] == "elastic_train":
+        _log_parks()
         model = api_torch.prepare_model(model, parallel_strategy="fsdp", live_state=True)
     else:
         mesh = init_device_mesh("cpu", (context.get_world_size(),))
