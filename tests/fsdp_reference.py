@@ -17,7 +17,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from elastic_train.torch.fsdp import shard
 from elastic_train.torch.state import load_state, save_state
-from tests.test_process_group import TIMEOUT_S, _run
+from tests.test_process_group import RESULT_TIMEOUT_S, TIMEOUT_S, _run
 
 BATCH = 12  # rows of each step's global batch: equal shares at 1, 2, 3 or 4 ranks
 LR_STEP = 4  # the scheduler's period: each recovery must restore its count
@@ -89,7 +89,7 @@ def _schedule(rank: int, world: int, ports: list[int], control: dist.TCPStore) -
             dist.destroy_process_group()
             if control.add(f"segment{n}", 1) == size:  # the last of its ranks to finish
                 control.set(f"segment{n}/done", "1")
-        control.wait([f"segment{n}/done"], timedelta(seconds=TIMEOUT_S))
+        control.wait([f"segment{n}/done"], timedelta(seconds=RESULT_TIMEOUT_S))  # a whole segment, for the idle
     return steps if rank == 0 else {}
 
 

@@ -12,6 +12,7 @@ machine keeps up with it (tests/test_sharded_state.py covers the cadence).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import tempfile
@@ -48,17 +49,22 @@ def fsdp_kept_loop(config: dict) -> None:
     restored = digest(model)
     if rank == 0:
         log_progress(config["log_dir"], restored=restored, at=start, generation=ctx.get_generation(), world=world)
-    for step in range(start + 1, STEPS + 1):
+    for step in range(start + 1, config["steps"] + 1):
         time.sleep(config["step_time"])  # the last report's share reaches the buddy meanwhile
         for n, kill in enumerate(config["kills"]):
-            if step == kill["step"] and rank in kill["ranks"] and _once(config, f"kill{n}-rank{rank}"):
+            due = step >= kill["step"] and world == kill.get("world", world)  # at that size, if given
+            if due and rank in kill["ranks"] and _once(config, f"kill{n}-rank{rank}"):
                 os.kill(os.getpid(), signal.SIGKILL)
         loss = train_step(model, optimizer, scheduler, step, rank, world, device)
         state = digest(model)
         if rank == 0:
             log_progress(config["log_dir"], step=step, loss=loss, digest=state, rank=rank,
                          world=world, generation=ctx.get_generation())
-        if step % config["checkpoint_every"] == 0:
+        if step == config.get("rank_0_saves") and rank == 0:  # Ray's "rank 0 saves" pattern: the others report none
+            with tempfile.TemporaryDirectory() as directory:
+                Path(directory, "step.json").write_text(json.dumps({"step": step}))
+                train.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
+        elif step % config["checkpoint_every"] == 0:
             with tempfile.TemporaryDirectory() as directory:
                 save_state(directory, model, optimizer, extra={"step": step, "scheduler": scheduler.state_dict()})
                 train.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
@@ -66,7 +72,7 @@ def fsdp_kept_loop(config: dict) -> None:
             train.report({"step": step})
 
 
-def assert_same_as_the_schedule_without_faults(lines: list[dict], scratch: Path, timeline: str) -> None:
+def assert_same_as_the_schedule_without_faults(lines: list[dict], steps: int, scratch: Path, timeline: str) -> None:
     """The run's steps, as last computed (a redone step: its last generation's), against a fault-free
     run following the same world-size schedule (tests/fsdp_reference.py): every step's loss and
     parameters bit for bit, the final weights among them."""
@@ -75,14 +81,14 @@ def assert_same_as_the_schedule_without_faults(lines: list[dict], scratch: Path,
         if p["step"] not in final or p["generation"] >= final[p["step"]]["generation"]:
             final[p["step"]] = p
     segments: list[list[int]] = []  # [world size, first step, last step]
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         if segments and segments[-1][0] == final[step]["world"]:
             segments[-1][2] = step
         else:
             segments.append([final[step]["world"], step, step])
     reference = same_schedule_without_faults(segments, scratch)
     wrong = [f"step {s} at world {final[s]['world']}: {(final[s]['loss'], final[s]['digest'])} != {tuple(reference[s])}"
-             for s in range(1, STEPS + 1) if (final[s]["loss"], final[s]["digest"]) != tuple(reference[s])]
+             for s in range(1, steps + 1) if (final[s]["loss"], final[s]["digest"]) != tuple(reference[s])]
     assert not wrong, f"schedule {segments}\n" + "\n".join(wrong) + f"\n{timeline}"
 
 
@@ -95,12 +101,13 @@ def _once(config: dict, name: str) -> bool:
 
 
 def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_every: int = STEPS + 1,
-        gpu_share: float | None = None, tolerance: float = 1e-5):
+        gpu_share: float | None = None, tolerance: float = 1e-5, rank_0_saves: int | None = None, steps: int = STEPS):
     """fsdp_kept_loop with `kills`; on CPUs, or on GPUs (`gpu_share` of one per worker, over NCCL): each
     step redone at a world size gives the loss it gave the first time, and each loss is within
     `tolerance` of the fault-free run's (computed on the CPU); on CPUs, every step's loss and
     parameters equal a fault-free run's at the same world sizes, bit for bit."""
-    config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every}
+    config = {"log_dir": run_dirs["log_dir"], "kills": kills, "step_time": 0.12, "checkpoint_every": checkpoint_every,
+              "rank_0_saves": rank_0_saves, "steps": steps}
     scaling = (ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}) if gpu_share is None else
                ScalingConfig(num_workers=workers, use_gpu=True, resources_per_worker={"GPU": gpu_share}))
     result = TorchTrainer(fsdp_kept_loop, train_loop_config=config, scaling_config=scaling,
@@ -110,9 +117,9 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
     assert result.error is None, f"{str(result.error)[-3000:]}\n{timeline}"
     progress = read_progress(run_dirs["log_dir"])
     lines = step_lines(progress, result)
-    assert {p["step"] for p in lines} == set(range(1, STEPS + 1)), timeline
+    assert {p["step"] for p in lines} == set(range(1, steps + 1)), timeline
     scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=LR_STEP, gamma=0.5)
-    assert_losses(lines, fault_free_losses(blocks(), batch, STEPS, scheduler), timeline, tolerance)
+    assert_losses(lines, fault_free_losses(blocks(), batch, steps, scheduler), timeline, tolerance)
     # Each generation's restored parameters are those of the report it resumed from, bit for bit.
     reported = {(p["generation"], p["step"]): p["digest"] for p in lines}
     generations = [e for e in result.events if e["kind"] == "generation"]
@@ -120,7 +127,7 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
         earlier = [d for (g, s), d in reported.items() if s == restore["at"] and g < restore["generation"]]
         assert earlier and earlier[-1] == restore["restored"], f"{restore}\n{timeline}"
     if gpu_share is None:
-        assert_same_as_the_schedule_without_faults(lines, Path(run_dirs["storage"], "reference"), timeline)
+        assert_same_as_the_schedule_without_faults(lines, steps, Path(run_dirs["storage"], "reference"), timeline)
     return result, generations, timeline
 
 
@@ -128,8 +135,9 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
 def test_a_lost_rank_of_3_is_resharded_to_2_from_memory_and_its_replacement_gets_its_rows(local_ray, run_dirs):
     """Rank 1 of 3 SIGKILLed at step 8: the survivors go on at 2 from report 7, re-sharded from their own
     shares and rank 1's replica (held by rank 2); the replacement joins, and the 3 ranks go on from the
-    2 ranks' shares. No step is redone, nothing is read from storage."""
-    result, generations, timeline = fit(run_dirs, (2, 3), [{"step": 8, "ranks": [1]}])
+    2 ranks' shares. No step is redone, nothing is read from storage. At step 27 rank 0 alone reports a
+    checkpoint, the others none: every rank still makes the report's one agreement on copying."""
+    result, generations, timeline = fit(run_dirs, (2, 3), [{"step": 8, "ranks": [1]}], rank_0_saves=27)
     assert [e["world_size"] for e in generations][:3] == [3, 2, 3], timeline
     assert [e["resume_from"] for e in generations[1:]] == ["memory"] * (len(generations) - 1), timeline
     assert generations[1]["resume_index"] == 7, timeline
@@ -140,12 +148,14 @@ def test_a_lost_rank_of_3_is_resharded_to_2_from_memory_and_its_replacement_gets
 @pytest.mark.timeout(240)
 def test_2_to_1_from_memory_then_a_rank_with_its_buddy_lost_resumes_from_the_dcp_checkpoint(local_ray, run_dirs):
     """2 ranks: rank 1 SIGKILLed at step 8, rank 0 goes on alone from both shares (its own, and rank
-    1's replica); a replacement joins (1 -> 2). At step 27 both ranks are SIGKILLed, each the other's
-    buddy: no share of report 26 survives, and the run resumes from the loop's DCP checkpoint of step
-    25 on the replacements, at the size they come back at."""
-    result, generations, timeline = fit(run_dirs, (1, 2), [{"step": 8, "ranks": [1]}, {"step": 27, "ranks": [0, 1]}],
-                                        checkpoint_every=5)
+    1's replica); a replacement joins (1 -> 2). At the first step from 50 on at 2 ranks, both are
+    SIGKILLed, each the other's buddy: no share of the report before survives, and the run resumes
+    from the loop's newest DCP checkpoint (every 5 steps) on the replacements, at the size they come
+    back at."""
+    result, generations, timeline = fit(run_dirs, (1, 2), [{"step": 8, "ranks": [1]},
+                                                           {"step": 50, "ranks": [0, 1], "world": 2}],
+                                        checkpoint_every=5, steps=60)
     assert [e["world_size"] for e in generations][:3] == [2, 1, 2], timeline
     assert (generations[1]["resume_from"], generations[1]["resume_index"]) == ("memory", 7), timeline
     lost_both = [e for e in generations if e["resume_from"] == "storage"]
-    assert lost_both and lost_both[0]["resume_index"] == 25, timeline
+    assert lost_both and lost_both[0]["resume_index"] in (45, 50, 55), timeline

@@ -26,7 +26,8 @@ from elastic_train.torch.fsdp import fsdp_arguments, shard
 from elastic_train.worker.holdings import Holdings
 from elastic_train.worker.live_part import LivePart
 from elastic_train.worker.memory import CheckpointMemory
-from elastic_train.worker.sharded_state import ShareCadence, is_sharded, local_copy, needed, reshard
+from elastic_train.worker.share_copies import ShareCadence
+from elastic_train.worker.sharded_state import is_sharded, local_copy, needed, reshard
 from tests.test_process_group import TIMEOUT_S, _run
 
 SHARES = "ELASTIC_TRAIN_TEST_SHARES"  # where the 3-rank run's shares are, for the re-sharding ranks
@@ -241,6 +242,7 @@ def test_a_buddy_keeps_one_share_of_its_peer_once_every_ranks_newer_share_reache
         report(1, 1)
         report(1, 2)
         assert replicas(0) == [(1, 1), (1, 2)]  # 2 is not yet known to have reached every buddy
+        assert all(mine.share_delivered() for mine in holdings)  # what each rank tells the agreement
         for mine in holdings:
             mine.replicated(1)
         assert replicas(0) == replicas(1) == [(1, 2)]
@@ -262,3 +264,20 @@ def test_a_buddy_keeps_one_share_of_its_peer_once_every_ranks_newer_share_reache
     finally:
         for mine in holdings:
             mine.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_share_whose_copy_failed_is_not_delivered():
+    """A copy that failed (the buddy unreachable, a timeout) tells the agreement its share did not reach
+    the buddy: no buddy then drops its peer's older share on the strength of it."""
+    def unreachable(peer, held, files):
+        raise TimeoutError("the buddy did not answer")
+
+    mine = Holdings(2, unreachable)
+    try:
+        share = LivePart({"w": torch.zeros(3)}, file=share_file(0), private=True)
+        mine.hold(HeldCheckpoint(1, 1, 0, [share_file(0)], []), share, None, object())
+        assert mine._replicator.flush(10.0)
+        assert mine.replication_s() is not None and not mine.share_delivered()
+    finally:
+        mine.close()

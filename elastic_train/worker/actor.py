@@ -378,7 +378,8 @@ class _Host:
         self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
-        self.replication_s, self.replicated = worker._held.replication_s, worker._held.replicated
+        self.replication_s, self.share_delivered = worker._held.replication_s, worker._held.share_delivered
+        self.replicated = worker._held.replicated
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush
         self.generation_ended = worker._ended.is_set
         self.reform = worker._reform

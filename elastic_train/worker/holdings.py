@@ -56,6 +56,10 @@ class Holdings:
         if running and self._replicated is not None:
             self.replicas.drop_shares_before(self._replicated)
 
+    def share_delivered(self) -> bool:
+        """Has this worker's newest share (a sharded model's, copied at a report) reached its buddy?"""
+        return self._newest_share is not None and self._replicator.delivered() == self._newest_share
+
     def replicated(self, generation: int) -> None:
         """Every rank of `generation` has its newest share at its buddy (agreed at a report: session.py
         `_kept_part`): the shares this worker keeps for its peer from before that report are dropped.
@@ -65,7 +69,9 @@ class Holdings:
             self.replicas.drop_shares_before(self._replicated)
 
     def forget_after(self, generation: int, index: int) -> None:
-        """A generation resumes from report `index` of `generation`: the later ones are redone."""
+        """A generation resumes from report `index` of `generation`: the later ones are redone (and what
+        was agreed replicated in a generation before counts no more)."""
+        self._replicated = None
         self.own.forget_after(generation, index)
         self.replicas.forget_after(generation, index)
 

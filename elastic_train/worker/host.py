@@ -46,6 +46,9 @@ class SessionHost(Protocol):
     def replication_s(self) -> float | None:
         """How long the last copy of a part to the buddy took; None while one is on its way."""
 
+    def share_delivered(self) -> bool:
+        """Has this worker's newest share of a sharded model reached its buddy?"""
+
     def replicated(self, generation: int) -> None:
         """Every rank's newest share of a sharded model reached its buddy: older share replicas may go."""
 

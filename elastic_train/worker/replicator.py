@@ -37,6 +37,7 @@ class Replicator(BackgroundThread[Copy]):
         self._send = send
         self._next: tuple[int, Copy] | None = None  # (number, the copy to make)
         self._last_s = 0.0  # how long the last copy took: serialized, hashed, sent
+        self._delivered: tuple[int, int] | None = None  # (generation, index) of the newest private part the peer holds
         self._start()
 
     def submit(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes] | LivePart, facts: Facts) -> None:
@@ -52,6 +53,12 @@ class Replicator(BackgroundThread[Copy]):
         """How long the last copy took; None while one is waiting or under way."""
         with self._changed:
             return None if self._unfinished else self._last_s
+
+    def delivered(self) -> tuple[int, int] | None:
+        """(generation, index) of the newest private live part (a sharded model's share) that reached
+        its peer; one that failed, or was replaced while waiting, did not."""
+        with self._changed:
+            return self._delivered
 
     def _waiting(self) -> bool:
         return self._next is not None and not self._closed  # a copy still waiting at close is not made
@@ -69,4 +76,8 @@ class Replicator(BackgroundThread[Copy]):
             self._send(peer, dataclasses.replace(held, facts=made or {}), files)
         except Exception as exc:  # noqa: BLE001 - a lost peer: the next generation picks another
             logger.info("checkpoint %d not replicated: %r", held.index, exc)
+        else:
+            if isinstance(part, LivePart) and part.private:
+                with self._changed:
+                    self._delivered = (held.generation, held.index)
         self._last_s = time.monotonic() - started

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from typing import Any, Callable, Protocol, TypeVar
 
 import ray
@@ -30,10 +29,10 @@ from elastic_train.worker.kept_state import KeptState
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.report_barrier import every_rank, pipelines
+from elastic_train.worker.report_barrier import pipelines
 from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
-from elastic_train.worker.sharded_state import ShareCadence
+from elastic_train.worker.share_copies import ShareCopies
 from elastic_train.worker.step_clock import StepClock
 from elastic_train.worker.storing import PartStoring
 from elastic_train.worker.world_group import collectives_made, follow
@@ -71,7 +70,7 @@ class TrainSession:
         self.index = self._resume.index
         self._loaders: list[StatefulLoader] = []
         self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
-        self._shares: ShareCadence | None = None  # when a sharded kept state's share is copied
+        self._shares: ShareCopies | None = None  # when a sharded kept state's share is copied
         self._restored: Checkpoint | None = None
         self._restored_loaded = False
         self._preemption_calls = 0
@@ -114,13 +113,14 @@ class TrainSession:
                            mode=mode, user_upload=upload_fn is not None, named=dir_name is not None,
                            keeps_state=self._kept is not None, live_due=self._storing.live_due())
         files, live = None, None
-        stepped = self._lockstep.stepped()  # before the kept state's own collective (`_kept_part`)
+        stepped = self._lockstep.stepped()  # before the report's collectives (a sharded kept state's, the barrier's)
+        copy_share = self._shares is not None and self._shares.due(checkpoint is None, self.index, generation)
         if checkpoint is not None:
             taken = take(checkpoint, plan, self.context.storage, self.index, generation, dir_name=dir_name,
                          upload_fn=upload_fn, delete_local=delete_local)
             dir_name, files, live = taken.dir_name, taken.files, taken.live
         elif plan.carries is Carries.KEPT:  # no checkpoint: the state kept live serves a recovery, never stored
-            live = self._kept_part()
+            live = self._kept_part(copy_share)
         loader_states = [loader.loader_state() for loader in self._loaders]
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
@@ -170,26 +170,12 @@ class TrainSession:
         if after.unwind or (after.together and unwind):
             self._leave_report()
 
-    def _kept_part(self) -> LivePart | None:
-        """The kept state's part of this report. A sharded model's share is copied only where the
-        cadence finds it due on every rank: a report is resumed from only where every rank's share of
-        it is held, and no rank's copy may replace one still on its way to its buddy (sharded_state.py).
-        The same agreement tells whether every rank's last copy reached its buddy (holdings.py)."""
+    def _kept_part(self, copy_share: bool) -> LivePart | None:
+        """The kept state's part of this report: a replicated model's tensors, held by reference; a
+        sharded model's share, copied where every rank agreed to (share_copies.py)."""
         if not self._kept.sharded:
             return self._kept.snapshot()
-        replication_s = self._host.replication_s()
-        try:
-            due, replicated = every_rank(self._shares.due(time.monotonic(), replication_s), replication_s is not None)
-        except RuntimeError as exc:
-            raise PeerLost(f"report {self.index}'s agreement on copying the sharded state failed: {exc}") from exc
-        if replicated:  # every rank's last copy reached its buddy: the buddies' older replicas may go
-            self._host.replicated(self.context.assignment.generation)
-        if not due:
-            return None
-        began = time.monotonic()
-        part = self._kept.snapshot()
-        self._shares.copied(began, time.monotonic() - began, replication_s)
-        return part
+        return self._shares.copy(self._kept.snapshot) if copy_share else None
 
     def _barrier(self, made: Made, step: Callable[[], T]) -> T:
         """A `step` of the report's barrier (confirm the previous report's, go on, agree). Where it fails
@@ -332,7 +318,7 @@ class TrainSession:
         self._kept = KeptState(model, self._resume.kept_state(model), self._lockstep.commit_step)
         if self._kept.sharded:
             self.bound_to_world()
-            self._shares = ShareCadence(self._setup.sharded_state_budget)
+            self._shares = ShareCopies(self._setup.sharded_state_budget, self._host)
 
     def keep_object(self, obj: Any) -> None:
         """`elastic_train.torch.keep_state(obj)`: keep `obj`'s state with the model's."""

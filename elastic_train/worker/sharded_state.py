@@ -8,10 +8,7 @@ only its replica on the lost rank's buddy. The copy is one host memory copy of 1
 is serialized and sent to the buddy in the background (holdings.py), and its file is named by rank,
 so the supervisor resumes from a report only where every old rank's share is held by a survivor.
 
-Copying and sending a share costs memory bandwidth at every report it is made at: `ShareCadence`
-spaces the copies so that they take at most `ElasticConfig.sharded_state_budget` of the loop's time,
-and every rank copies at the same reports (`report_barrier.every_rank`): a report is resumed from only
-where every rank's share of it is held.
+When a share is copied, and when a buddy's older copies go: share_copies.py.
 
 The re-sharding is FSDP2's layout (DTensor `Shard(0)` on a 1-D mesh: `torch.chunk` rows): each new
 rank takes the rows it owns at the new world from the old shares that hold them, reading only those.
@@ -46,37 +43,6 @@ def is_sharded(model: torch.nn.Module) -> bool:
                 f"(fully_shard's default); this one has placements {p.placements} on a {p.device_mesh.ndim}-D mesh. "
                 "Report a DCP checkpoint instead (elastic_train.torch.save_state).")
     return bool(sharded)
-
-
-class ShareCadence:
-    """When a report copies this rank's share: at the first report, then once the time since the last
-    copy began is at least a copy's cost (the copy, and its replication to the buddy) over `budget`,
-    the share of the loop's time it may take; never while the last copy is still on its way (so no
-    copy waiting for the replicator is replaced before the buddy has it). The cost is the lower of
-    the last two copies': the first copy to a buddy pays for setting up the connection, and one slow
-    copy (a pause of the machine) should not hold the next ones back."""
-
-    def __init__(self, budget: float):
-        self._budget = budget
-        self._last: tuple[float, float] | None = None  # (when the last copy began, how long it took)
-        self._before: float | None = None  # the cost of the copy before the last
-
-    def due(self, now: float, replication_s: float | None) -> bool:
-        """`replication_s`: how long the last copy's replication took; None while it is under way."""
-        if self._last is None:
-            return True
-        if replication_s is None:
-            return False
-        began, copy_s = self._last
-        cost = copy_s + replication_s if self._before is None else min(self._before, copy_s + replication_s)
-        return now - began >= cost / self._budget
-
-    def copied(self, began: float, copy_s: float, replication_s: float | None) -> None:
-        """A copy began at `began` and took `copy_s` on the loop's thread; `replication_s`: how long the
-        previous copy's replication took."""
-        if self._last is not None and replication_s is not None:
-            self._before = self._last[1] + replication_s
-        self._last = (began, copy_s)
 
 
 def local_copy(state: Any, rank: int) -> dict[str, Any]:
