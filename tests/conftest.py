@@ -114,13 +114,14 @@ def s3_server():
 
 
 def s3_options(endpoint: str) -> dict:
-    """s3fs options for a test endpoint; retries are ours (tenacity), so botocore's are kept short."""
+    """s3fs options for a test endpoint; retries are ours (tenacity), so botocore's are off (its own
+    backoff would only add waiting)."""
     return {
         "key": "testing",
         "secret": "testing",
         "endpoint_url": endpoint,
         "client_kwargs": {"region_name": "us-east-1"},
-        "config_kwargs": {"retries": {"max_attempts": 2}, "connect_timeout": 5, "read_timeout": 20},
+        "config_kwargs": {"retries": {"max_attempts": 0}, "connect_timeout": 5, "read_timeout": 20},
         "skip_instance_cache": True,
         "use_listings_cache": False,
     }

@@ -54,7 +54,8 @@ def _whole_checkpoints(result: et.Result, s3_bucket: dict) -> list[int]:
 def test_transient_storage_faults_are_retried_and_training_completes(local_ray, run_dirs, s3_bucket, proxy):
     proxy.set_faults(StorageFaults(error_rate=0.3, error_status=503, drop_rate=0.1, latency_s=0.05, methods=UPLOADS))
     # Backoffs of at most 1 s: four requests in ten fail here, and the default (up to 10 s) only adds waiting.
-    result = _trainer(run_dirs, s3_bucket, proxy, steps=20, step_time=0.05, storage_retry_max_s=1.0).fit()
+    result = _trainer(run_dirs, s3_bucket, proxy, steps=20, step_time=0.05, storage_retry_initial_s=0.05,
+                      storage_retry_max_s=1.0).fit()
     proxy.clear()
     assert result.error is None, result.error
     assert [h["step"] for h in result.metrics_history] == list(range(1, 21))
