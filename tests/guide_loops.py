@@ -9,7 +9,8 @@ a layer no step uses (`find_unused_parameters=True`), gradient accumulation over
 (`no_sync` for all but the last; every epoch's batch count a multiple of it), a report of metrics
 alone after each step (`report_every_step`), the loss all-reduced over the ranks after each step
 (`all_reduce_loss`, a metric as the guides average it), AMP's `GradScaler` (`amp`). Every rank logs each step it completed: its epoch, its step within the epoch, its
-generation, rank, world size and the sample ids of each batch of the step.
+generation, rank, world size and the sample ids of each batch of the step; and, before the step's
+last backward, the batches it drew.
 
 `replay`: the parameters a correct run ends with, recomputed in this process from what the ranks
 logged: each step's gradient is the mean of the ranks' gradients that completed it (DDP's average over
@@ -95,6 +96,10 @@ def guide_loop(config: dict) -> None:
             fault_once(config, point, et.get_context().get_world_rank())
             drawn.append(batch.tolist())
             last = len(drawn) == config.get("accumulate", 1)
+            if last:  # what the step trains, should this rank be lost once it reduced its gradients (completed_steps)
+                ctx = et.get_context()
+                log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
+                             generation=ctx.get_generation(), epoch=epoch, step=step, drawn=drawn)
             with contextlib.nullcontext() if last else model.no_sync():
                 loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
                 scaler.scale(loss).backward()
@@ -146,8 +151,16 @@ def _report(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int
 def completed_steps(log_dir: str) -> dict[tuple[int, int], list[dict[str, Any]]]:
     """Each step of the run's lineage, by (epoch, step): the ranks' records of it. A generation's
     first step supersedes the older generations' records from that step on: a loop entered afresh
-    from a checkpoint did them again (a loop that went on in place had none there)."""
-    records = [p for p in read_progress(log_dir) if "batches" in p]
+    from a checkpoint did them again (a loop that went on in place had none there). A rank lost after
+    its gradients were reduced but before it logged the step counts in it with the batches it drew,
+    where a peer of its generation completed the step (that reduction held every rank's gradients)."""
+    logged = read_progress(log_dir)
+    records = [p for p in logged if "batches" in p]
+    done = {(p["pid"], p["generation"], p["epoch"], p["step"]) for p in records}
+    finished = {(p["generation"], p["epoch"], p["step"]) for p in records}
+    records += [{**p, "batches": p["drawn"]} for p in logged if "drawn" in p
+                and (p["pid"], p["generation"], p["epoch"], p["step"]) not in done
+                and (p["generation"], p["epoch"], p["step"]) in finished]
     steps: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for generation in sorted({p["generation"] for p in records}):
         mine = [p for p in records if p["generation"] == generation]

@@ -7,6 +7,8 @@ loop's own all-reduce, a report's barrier."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -154,3 +156,23 @@ def test_a_loop_without_ddp_whose_peer_dies_before_its_report_goes_on_in_place(l
     assert result.checkpoint.to_dict()["counts"].tolist() == [3.0] * 48, "a sample was skipped or repeated"
     opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
     assert opened[1].resume_from == "in place", opened
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_lost_once_its_gradients_were_reduced_counts_in_its_step(tmp_path):
+    """As a full run showed it: rank 0 was SIGKILLed in step 6 after the step's all-reduce had its
+    gradients, before it logged the step; its peer completed and logged the step in the same
+    generation, so rank 0's drawn batches are in the step. At step 7 a rank lost mid-reduction: the
+    survivor reduced again alone, in the next generation; the lost rank's batches are owed, not counted."""
+    lines = [
+        {"pid": 1, "generation": 2, "rank": 1, "world": 2, "epoch": 6, "step": 6, "drawn": [[12, 55]]},
+        {"pid": 2, "generation": 2, "rank": 0, "world": 2, "epoch": 6, "step": 6, "drawn": [[4, 25]]},
+        {"pid": 1, "generation": 2, "rank": 1, "world": 2, "epoch": 6, "step": 6, "batches": [[12, 55]]},
+        {"pid": 1, "generation": 3, "rank": 0, "world": 2, "epoch": 6, "step": 7, "drawn": [[19, 20]]},
+        {"pid": 3, "generation": 3, "rank": 1, "world": 2, "epoch": 6, "step": 7, "drawn": [[7, 59]]},
+        {"pid": 1, "generation": 4, "rank": 0, "world": 1, "epoch": 6, "step": 7, "batches": [[19, 20]]},
+    ]
+    (tmp_path / "progress.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    steps = completed_steps(str(tmp_path))
+    assert sorted(r["batches"] for r in steps[(6, 6)]) == [[[4, 25]], [[12, 55]]]
+    assert [r["batches"] for r in steps[(6, 7)]] == [[[19, 20]]]
