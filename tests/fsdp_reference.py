@@ -17,7 +17,8 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from elastic_train.torch.fsdp import shard
 from elastic_train.torch.state import load_state, save_state
-from tests.test_process_group import RESULT_TIMEOUT_S, TIMEOUT_S, _run
+from tests.test_process_group import RESULT_TIMEOUT_S, _run
+from tests.test_sharded_state import _init
 
 BATCH = 12  # rows of each step's global batch: equal shares at 1, 2, 3 or 4 ranks
 LR_STEP = 4  # the scheduler's period: each recovery must restore its count
@@ -75,8 +76,7 @@ def _schedule(rank: int, world: int, ports: list[int], control: dist.TCPStore) -
     steps = {}
     for n, (size, first, last) in enumerate(plan["segments"]):
         if rank < size:
-            store = dist.TCPStore("127.0.0.1", ports[n], size, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S))
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=TIMEOUT_S))
+            _init(rank, size, ports[n])
             model = shard(blocks(), wrapping(), torch.device("cpu"))
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=LR_STEP, gamma=0.5)

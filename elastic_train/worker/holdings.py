@@ -61,8 +61,8 @@ class Holdings:
         return self._newest_share is not None and self._replicator.delivered() == self._newest_share
 
     def replicated(self, generation: int) -> None:
-        """Every rank of `generation` has its newest share at its buddy (agreed at a report: session.py
-        `_kept_part`): the shares this worker keeps for its peer from before that report are dropped.
+        """Every rank of `generation` has its newest share at its buddy (agreed at a report:
+        share_copies.py `ShareCopies.due`): the shares this worker keeps for its peer from before that report are dropped.
         Only a copy of `generation` counts: an older one's ranks were not all in the agreement."""
         if self._newest_share is not None and self._newest_share[0] == generation:
             self._replicated = self._newest_share

@@ -103,8 +103,8 @@ class CheckpointMemory:
         with self._lock:
             shares = [k for k, (held, _) in self._parts.items()
                       if held.names and all(share_rank(name) is not None for name in held.names)]
-            settled = [k for k in shares if k <= key]
-            for older in [k for k in shares if settled and k < max(settled)]:
+            settled = max((k for k in shares if k <= key), default=None)
+            for older in [k for k in shares if settled is not None and k < settled]:
                 self._drop(older)
 
     def live_state(self, generation: int, index: int) -> dict[str, Any] | None:
