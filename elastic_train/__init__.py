@@ -15,12 +15,13 @@ from elastic_train.unsupported import lazy_getattr, ray_train_getattr
 if TYPE_CHECKING:
     from elastic_train import torch
     from elastic_train.api import (ReportedCheckpoint, get_all_reported_checkpoints, get_checkpoint, get_context,
-                                   get_preemption_info, report)
+                                   get_dataset_shard, get_preemption_info, report)
     from elastic_train.backend import BackendConfig
     from elastic_train.callbacks import TrainRunContext, UserCallback
     from elastic_train.checkpoint import Checkpoint
     from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
     from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
+    from elastic_train.ingest.config import TRAIN_DATASET_KEY, DataConfig
     from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
                                       TrainingFailedError, WorkerGroupError)
     from elastic_train.protocol import PreemptionInfo
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 _WHERE = {  # name -> the module that defines it
     **dict.fromkeys(["ReportedCheckpoint", "get_all_reported_checkpoints", "get_checkpoint", "get_context",
-                     "get_preemption_info", "report"], "elastic_train.api"),
+                     "get_dataset_shard", "get_preemption_info", "report"], "elastic_train.api"),
+    **dict.fromkeys(["DataConfig", "TRAIN_DATASET_KEY"], "elastic_train.ingest.config"),
     **dict.fromkeys(["CheckpointConsistencyMode", "CheckpointUploadMode", "ReportedCheckpointStatus"],
                     "elastic_train.checkpoint.modes"),
     "PreemptionInfo": "elastic_train.protocol",
@@ -75,6 +77,9 @@ __all__ = [
     "get_context",
     "get_preemption_info",
     "get_all_reported_checkpoints",
+    "get_dataset_shard",
+    "DataConfig",
+    "TRAIN_DATASET_KEY",
     "CheckpointUploadMode",
     "CheckpointConsistencyMode",
     "ReportedCheckpoint",

@@ -65,6 +65,14 @@ def get_checkpoint() -> Checkpoint | None:
     return get_session("get_checkpoint").get_checkpoint()
 
 
+def get_dataset_shard(dataset_name: str | None = None) -> Any:
+    """This rank's share of `TorchTrainer(datasets={dataset_name: ...})`, a `ray.data.DataIterator`
+    (None where the trainer has no datasets). Each walk of its `iter_batches` / `iter_torch_batches`
+    is one epoch, every row once across resizes (ingest/shard.py); a dataset not in
+    `DataConfig(datasets_to_split=...)` is Ray's own iterator over all of it."""
+    return get_session("get_dataset_shard").dataset_shard(dataset_name)
+
+
 def get_context() -> TrainContext:
     """This worker's rank, world size, node rank and generation."""
     return get_session("get_context").context

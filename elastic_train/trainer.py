@@ -50,9 +50,11 @@ class DataParallelTrainer:
     `get_context().get_metadata()`. `resume_from_checkpoint` is what `get_checkpoint()` returns when
     the run has no checkpoint of its own yet (in storage, from an earlier run with this name, or in
     the workers' memory); a dict checkpoint travels with the run, a directory one must be readable
-    where the workers run (shared storage, or a URL). Ray Data (`datasets`, `dataset_config`) and
-    Ray's checkpoint validation (`validation_config`) are not supported: a `ConfigError` names what
-    to use instead.
+    where the workers run (shared storage, or a URL). `datasets` (Ray Data datasets by name, or
+    functions returning them) reach the loop through `get_dataset_shard(name)`, split as
+    `dataset_config` (a `DataConfig`) says, each row once an epoch across resizes (ingest/). Ray's
+    checkpoint validation (`validation_config`) is not supported: a `ConfigError` names what to use
+    instead.
     """
 
     def __init__(
@@ -69,10 +71,16 @@ class DataParallelTrainer:
         metadata: dict[str, Any] | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ):
-        for arg, value, instead in (("datasets", datasets, "DataConfig"), ("dataset_config", dataset_config,
-                                    "DataConfig"), ("validation_config", validation_config, "ValidationConfig")):
-            if value:
-                raise ConfigError(f"{type(self).__name__}({arg}=...): {TRAIN_NAMES[instead]}")
+        if validation_config:
+            raise ConfigError(f"{type(self).__name__}(validation_config=...): {TRAIN_NAMES['ValidationConfig']}")
+        if datasets is not None and not isinstance(datasets, Mapping):
+            raise ConfigError(f"datasets must map names to Ray Data datasets, got {type(datasets).__name__}.")
+        self.datasets = dict(datasets or {})
+        self.dataset_config = dataset_config
+        if self.datasets or dataset_config is not None:
+            from elastic_train.ingest.config import check_datasets
+
+            self.dataset_config = check_datasets(self.datasets, dataset_config)
         self._loop_takes_config = check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
@@ -142,7 +150,8 @@ class DataParallelTrainer:
         runs, code read from storage: only restore runs from storage that only you can write.** The
         loop's module must be importable here. Pass the loop to read nothing but JSON and manifests.
         `kwargs` (any argument of the trainer: `run_config` to add callbacks, `train_loop_config`,
-        `scaling_config`, ...) replace the stored ones. `storage_options` or, as in Ray, a
+        `scaling_config`, ...) replace the stored ones; `datasets` are not stored: pass them again, as
+        in Ray. `storage_options` or, as in Ray, a
         `storage_filesystem` that `path` is on (or those of the `run_config` passed) open the path:
         credentials are never stored in the run's folder.
         """
@@ -227,6 +236,22 @@ class DataParallelTrainer:
                 "ScalingConfig(use_gpu=True), but the Ray cluster has no GPU: set use_gpu=False to train on "
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
+        if not self.datasets:
+            return self._run(spec, run, elastic)
+        from elastic_train.driver.launch import start_coordinators, stop_coordinators
+        from elastic_train.ingest.config import prepare_datasets
+
+        sources = prepare_datasets(self.datasets, self.dataset_config, self.scaling_config.total_resources.get("CPU", 0))
+        spec = dataclasses.replace(spec, datasets=start_coordinators(name, sources))
+        try:
+            return self._run(spec, run, elastic)
+        finally:
+            stop_coordinators(spec.datasets)
+
+    def _run(self, spec: WorkerSpec, run: RunConfig, elastic: ElasticConfig) -> Result:
+        """Run the supervisor and follow it to the run's `Result`."""
+        storage, name, run_id = spec.storage, spec.run.name, spec.run.run_id
+        trial_name, trial_id = spec.run.trial_name, spec.run.trial_id
         record = RunRecord(storage, run_id, self._config_record(), elastic.run_record_interval_s)
         record.start(self._stored_arguments())
         storage.mark_run(run_id)
@@ -309,7 +334,7 @@ class TorchTrainer(DataParallelTrainer):
     """A `DataParallelTrainer` whose backend is a `TorchConfig` (Ray Train's `TorchTrainer`):
     `torch_config` sets up each generation's process group. Its other arguments are
     `DataParallelTrainer`'s: `train_loop_config`, `scaling_config`, `run_config`, `metadata`,
-    `resume_from_checkpoint` (`datasets`, `dataset_config` and `validation_config` are refused)."""
+    `resume_from_checkpoint`, `datasets`, `dataset_config` (`validation_config` is refused)."""
 
     _BACKEND_ARGUMENT, _BACKEND_CLASS, _BACKEND_PATH = "torch_config", TorchConfig, "elastic_train.torch.TorchConfig"
     _name = "TorchTrainer"

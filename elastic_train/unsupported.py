@@ -13,10 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Mapping
 
-_RAY_DATA = (
-    "Ray Data is not supported. Build a torch DataLoader in the training loop and pass it through "
-    "elastic_train.torch.prepare_data_loader (sharded across ranks, resumed mid-epoch after a resize)."
-)
 _VALIDATION = (
     "Ray's asynchronous checkpoint validation is not supported. Validate in the loop before report() "
     "(e.g. on rank 0, reporting the result as a metric), in a RunConfig callback's after_report, or "
@@ -24,9 +20,6 @@ _VALIDATION = (
 )
 
 TRAIN_NAMES: Mapping[str, str] = {
-    "get_dataset_shard": _RAY_DATA,
-    "DataConfig": _RAY_DATA,
-    "TRAIN_DATASET_KEY": _RAY_DATA,
     "SyncConfig": (
         "there is nothing to sync (Ray deprecated it too): workers write checkpoints straight to "
         "RunConfig(storage_path=...), any fsspec URL, with credentials in RunConfig(storage_options=...)."

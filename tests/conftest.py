@@ -25,6 +25,7 @@ def ray_runtime_env() -> dict:
     return {"env_vars": {"PYTHONPATH": str(ROOT)}}
 
 
+RAY_DATA_ACTORS = ("_dataset_stats_actor", "AutoscalingCoordinator")  # Ray Data's own, for the instance's life
 RAY_RELEASE_TIMEOUT_S = 60.0  # how long a test's run may take to give back what it held on the shared instance
 _shared_cpus: int | None = None  # the CPUs of the shared local instance while it runs
 
@@ -47,7 +48,8 @@ def release_ray() -> None:
     replaced so that the next test starts clean."""
     def leftovers() -> tuple[float, list]:
         held = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
-        return held, ray.util.list_named_actors(all_namespaces=True)
+        return held, [a for a in ray.util.list_named_actors(all_namespaces=True)
+                      if a["namespace"] not in RAY_DATA_ACTORS]
 
     try:
         wait_for(lambda: leftovers() == (0, []), RAY_RELEASE_TIMEOUT_S, "the run to give back its CPUs and actors")
@@ -69,6 +71,14 @@ def stop_ray() -> None:
 def local_ray():
     """A 2-CPU Ray instance on this machine, shared by consecutive tests (see `start_ray`)."""
     start_ray(2)
+    yield
+    release_ray()
+
+
+@pytest.fixture
+def data_ray():
+    """A local Ray instance of 4 CPUs: 2 for the workers, 2 for Ray Data's tasks (see `start_ray`)."""
+    start_ray(4)
     yield
     release_ray()
 

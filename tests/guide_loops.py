@@ -1,7 +1,8 @@
 """Loops written as Ray Train's guides write them, and the replay that checks where they end.
 
 `guide_loop`: a model prepared with `prepare_model`, data from `prepare_data_loader` (batch size per
-worker, as the guides give it), the mean loss, `loss.backward()`, `optimizer.step()`; rank 0 alone
+worker, as the guides give it), or with `data="ray"` from the "train" dataset's shard
+(`get_dataset_shard`, `iter_torch_batches`; `ray_dataset()`), the mean loss, `loss.backward()`, `optimizer.step()`; rank 0 alone
 saves model (through `model.module`), optimizer and epoch at the end of each epoch (or every
 `checkpoint_every` steps) and every rank reports; a resumed loop goes on from the checkpoint's epoch.
 No state kept live. Options: a BatchNorm layer (DDP broadcasts rank 0's buffers before each forward),
@@ -57,6 +58,13 @@ class Net(torch.nn.Module):
         return self.body(x)
 
 
+def ray_dataset() -> Any:
+    """The sample ids as a Ray Data dataset ("id"), shuffled (seeded) and through a `map_batches`."""
+    import ray.data
+
+    return ray.data.range(SAMPLES, override_num_blocks=5).random_shuffle(seed=7).map_batches(lambda b: b)
+
+
 def new_model(config: dict) -> torch.nn.Module:
     return Net(config.get("batch_norm", False), config.get("unused", False)).double()
 
@@ -84,14 +92,17 @@ def guide_loop(config: dict) -> None:
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
     x, y = dataset()
-    ids = torch.arange(SAMPLES)
-    loader = prepare_data_loader(DataLoader(ids, batch_size=4, shuffle=True))
+    if config.get("data") == "ray":
+        loader = et.get_dataset_shard("train").iter_torch_batches(batch_size=4)
+    else:
+        loader = prepare_data_loader(DataLoader(torch.arange(SAMPLES), batch_size=4, shuffle=True))
     every = config.get("checkpoint_every")
     for epoch in range(start_epoch, config["epochs"]):
-        if et.get_context().get_world_size() > 1:
+        if et.get_context().get_world_size() > 1 and hasattr(loader, "sampler"):
             loader.sampler.set_epoch(epoch)
         step, drawn = 0, []
         for batch in loader:
+            batch = batch["id"] if isinstance(batch, dict) else batch
             point = epoch * 100 + step
             fault_once(config, point, et.get_context().get_world_rank())
             drawn.append(batch.tolist())

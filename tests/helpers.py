@@ -23,6 +23,7 @@ def make_trainer(
     use_gpu: bool = False,
     max_failures: int = 0,
     elastic: et.ElasticConfig | None = None,
+    datasets: dict[str, Any] | None = None,
     **config: Any,
 ) -> et.TorchTrainer:
     """A trainer for `loop` with `config` plus the run's log dir, storing under the test's folder."""
@@ -36,6 +37,7 @@ def make_trainer(
             failure_config=et.FailureConfig(max_failures=max_failures),
             elastic_config=elastic,
         ),
+        datasets=datasets,
     )
 
 

@@ -81,7 +81,7 @@ def test_a_loader_going_on_in_place_owes_the_lost_ranks_unreduced_shares_and_use
 
 @pytest.mark.timeout(10)
 def test_the_samples_owed_are_those_only_the_lost_ranks_held():
-    from elastic_train.torch.data import share, untrained
+    from elastic_train.ingest.cursor import share, untrained
 
     def shares(chunk: list[int], world: int) -> list[list[int]]:
         return [share(chunk, rank, world) for rank in range(world)]

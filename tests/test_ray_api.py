@@ -326,7 +326,7 @@ def test_errors_pickle_whole():
 
 
 def test_unsupported_arguments_fail_clearly():
-    with pytest.raises(train.ConfigError, match="prepare_data_loader"):
+    with pytest.raises(train.ConfigError, match=r"datasets\['train'\] must be a ray.data.Dataset"):
         train.TorchTrainer(three_epochs, datasets={"train": [1, 2]})
     with pytest.raises(train.ConfigError, match="use_gpu=True"):
         train.TorchTrainer(three_epochs, torch_config=TorchConfig(backend="nccl"))

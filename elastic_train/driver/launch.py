@@ -1,10 +1,12 @@
-"""The run's supervisor as a Ray actor: started by `fit()` under a name its run gives it, on the head
-node, restarted by Ray when it dies; and found again by that name from any process connected to the
-cluster (`attach`: the CLI's status, chaos, the demo)."""
+"""The run's actors: its supervisor, started by `fit()` under a name its run gives it, on the head
+node, restarted by Ray when it dies, and found again by that name from any process connected to the
+cluster (`attach`: the CLI's status, chaos, the demo); and a coordinator for each dataset split
+across the ranks (ingest/coordinator.py), likewise."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -12,6 +14,9 @@ from elastic_train.config import FailureConfig, ScalingConfig
 from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
 from elastic_train.worker.actor import WorkerSpec
+
+if TYPE_CHECKING:
+    from elastic_train.ingest.config import DatasetSource
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 
@@ -45,3 +50,26 @@ def start_supervisor(run_name: str, spec: WorkerSpec, scaling: ScalingConfig, fa
         # supervisor places the workers itself.
         scheduling_strategy="DEFAULT",
     ).remote(spec, scaling, failure, spec.checkpointing)
+
+
+def coordinator_name(run_name: str, dataset: str) -> str:
+    """The Ray actor name of the coordinator of a run's dataset (in the namespace `ACTOR_NAMESPACE`)."""
+    return f"elastic_train:{run_name}:dataset:{dataset}"
+
+
+def start_coordinators(run_name: str, sources: dict[str, DatasetSource]) -> dict[str, DatasetSource]:
+    """`sources` with a coordinator started for each dataset split across the ranks: on the head node
+    like the supervisor, restarted by Ray when it dies (it is rebuilt from the ranks' cursors)."""
+    from elastic_train.ingest.coordinator import DatasetCoordinator
+
+    actor = ray.remote(DatasetCoordinator)
+    return {name: dataclasses.replace(source, coordinator=actor.options(
+        name=coordinator_name(run_name, name), namespace=ACTOR_NAMESPACE, num_cpus=0, resources=on_head_node(),
+        max_restarts=-1, max_task_retries=-1, scheduling_strategy="DEFAULT").remote(source.dataset, name))
+        if source.split else source for name, source in sources.items()}
+
+
+def stop_coordinators(sources: dict[str, DatasetSource]) -> None:
+    for source in sources.values():
+        if source.coordinator is not None:
+            ray.kill(source.coordinator)

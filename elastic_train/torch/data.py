@@ -14,29 +14,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from elastic_train.ingest.cursor import Cursor, share
 from elastic_train.torch.model import get_device
 from elastic_train.worker.session import get_session
-
-
-def share(chunk: list[int], rank: int, world_size: int) -> list[int]:
-    """Rank `rank`'s contiguous share of a global batch (the last one may be uneven; with fewer
-    samples than ranks, a rank without one repeats the last, so that every rank takes the step)."""
-    base, extra = divmod(len(chunk), world_size)
-    begin = rank * base + min(rank, extra)
-    mine = chunk[begin : begin + base + (1 if rank < extra else 0)]
-    return mine or chunk[-1:]
-
-
-Shares = list[list[int]]  # each rank's samples of one global batch, by rank
-
-
-def untrained(batches: list[Shares], survivors: tuple[int, ...]) -> list[int]:
-    """The samples of `batches` that only ranks not among `survivors` held: owed to the epoch."""
-    owed = []
-    for shares in batches:
-        kept = {i for rank in survivors for i in shares[rank]}
-        owed.extend(i for rank, held in enumerate(shares) if rank not in survivors for i in held if i not in kept)
-    return owed
 
 
 class ElasticBatchSampler:
@@ -91,9 +71,7 @@ class ElasticDataLoader:
         self.dataset = loader.dataset
         self._move = move_to_device
         self._per_rank_batch = per_rank_batch  # None: the global batch is fixed (`global_batch_size`)
-        self._epoch, self._position, self._owed = 0, 0, []
-        self._started = False
-        self._drawn: list[Shares] = []  # global batches drawn since every rank last trained all drawn
+        self._cursor = Cursor()
         self._reshard = False
 
     @property
@@ -104,31 +82,23 @@ class ElasticDataLoader:
     @property
     def epoch(self) -> int:
         """The epoch being walked; before the first `iter()`, the one a resumed loader goes on in."""
-        return self._epoch
+        return self._cursor.epoch
 
     def resume_from(self, state: dict[str, Any] | None) -> None:
-        if state:
-            self._epoch, self._position, self._owed = state["epoch"], state["position"], list(state.get("owed", []))
+        self._cursor.resume_from(state)
 
     def loader_state(self) -> dict[str, Any]:
-        if self._position >= self.batch_sampler.size and not self._owed:
-            return {"epoch": self._epoch + 1, "position": 0}
-        state: dict[str, Any] = {"epoch": self._epoch, "position": self._position}
-        if self._owed:
-            state["owed"] = list(self._owed)
-        return state
+        return self._cursor.state()
 
     def trained(self) -> None:
         """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
         was made (a loop draws a batch for its step, not ahead of the step's backward)."""
-        self._drawn.clear()
+        self._cursor.trained()
 
     def reformed(self, rank: int, world_size: int, previous_ranks: tuple[int, ...]) -> None:
         """Go on as `rank` of `world_size` (`previous_ranks`: each new rank's previous one): the samples
-        of the batches drawn since the last `trained` that only the lost ranks held come first in the
-        rest of the epoch. The survivors' shares stay drawn: a peer lost later in the same step owes its."""
-        self._owed = untrained(self._drawn, previous_ranks) + self._owed
-        self._drawn = [[shares[r] for r in previous_ranks] for shares in self._drawn]
+        only the lost ranks drew since the last `trained` come first in the rest of the epoch."""
+        self._cursor.reformed(previous_ranks)
         self.batch_sampler.rank, self.batch_sampler.world_size = rank, world_size
         if self._per_rank_batch is not None:
             self.batch_sampler.global_batch = self._per_rank_batch * world_size
@@ -138,31 +108,21 @@ class ElasticDataLoader:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._started:
-            self._epoch, self._position, self._owed = self._epoch + 1, 0, []
-        self._started = True
-        self._drawn.clear()
+        cursor = self._cursor
+        cursor.enter()
         device = get_device()
         resharded = True
         while resharded:  # once, and again from where it stands each time the loop went on in a new group
             sampler = self.batch_sampler
-            sampler.epoch, sampler.start, sampler.owed = self._epoch, self._position, list(self._owed)
+            sampler.epoch, sampler.start, sampler.owed = cursor.epoch, cursor.position, list(cursor.owed)
             self._reshard = resharded = False
             for chunk, batch in zip(list(sampler.chunks()), self._loader):
-                self._draw(chunk)
+                cursor.draw(chunk, sampler.world_size)
                 yield _to_device(batch, device) if self._move else batch
                 if self._reshard:
                     resharded = True
                     break
-        self._position, self._owed = self.batch_sampler.size, []
-
-    def _draw(self, chunk: list[int]) -> None:
-        """A global batch was drawn: the owed samples first, then the order's."""
-        taken = min(len(chunk), len(self._owed))
-        self._owed = self._owed[taken:]
-        self._position += len(chunk) - taken
-        world = self.batch_sampler.world_size
-        self._drawn.append([share(chunk, rank, world) for rank in range(world)])
+        cursor.end()
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -222,4 +182,4 @@ def prepare_data_loader(
     return wrapped
 
 
-__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader", "share", "untrained"]
+__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader"]

@@ -12,8 +12,8 @@ import os
 import socket
 import threading
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import ray
 import torch.distributed as dist
@@ -56,6 +56,7 @@ class WorkerSpec:
     checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
     initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
     chdir: bool = True  # the loop runs in the run's working directory (RAY_CHDIR_TO_TRIAL_DIR=0: it does not)
+    datasets: Mapping[str, Any] = field(default_factory=dict)  # ingest/config.py DatasetSource by name
 
 
 def free_port() -> int:
@@ -287,7 +288,7 @@ class TrainWorker:
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
                                             self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
                                             self._spec.elastic.recover_in_place, self._spec.backend,
-                                            self._spec.elastic.sharded_state_budget),
+                                            self._spec.elastic.sharded_state_budget, self._spec.datasets),
                                _Host(self))
         set_session(session)
         self._session = session

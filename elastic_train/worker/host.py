@@ -9,8 +9,8 @@ the session free of the worker's internals and says in one place what it relies 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
 
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig
@@ -32,6 +32,7 @@ class SessionSetup:
     recover_in_place: bool = False  # ElasticConfig.recover_in_place
     backend: str = "gloo"  # the run's process groups' (in place is gloo's)
     sharded_state_budget: float = 0.05  # ElasticConfig.sharded_state_budget
+    datasets: Mapping[str, Any] = field(default_factory=dict)  # TorchTrainer(datasets=): ingest/config.py DatasetSource
 
 
 class SessionHost(Protocol):

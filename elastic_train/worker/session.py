@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, TypeVar
 
 import ray
 import torch
@@ -26,6 +26,7 @@ from elastic_train.worker.context import TrainContext
 from elastic_train.worker.host import SessionHost, SessionSetup
 from elastic_train.worker.intake import take
 from elastic_train.worker.kept_state import KeptState
+from elastic_train.worker.loaders import Loaders, StatefulLoader
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.live_part import LivePart
@@ -42,21 +43,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class StatefulLoader(Protocol):
-    """A prepared data loader (torch/data.py), as the session drives it."""
-
-    def loader_state(self) -> dict[str, Any]: ...
-
-    def trained(self) -> None:
-        """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
-        (which follows the step's collectives) was made."""
-
-    def reformed(self, rank: int, world_size: int, previous_ranks: tuple[int, ...]) -> None:
-        """The loop goes on in place as `rank` of `world_size` (`previous_ranks`: each new rank's previous
-        one): re-shard the rest of the epoch, with the shares the lost ranks did not complete since the
-        last `trained`."""
-
-
 class TrainSession:
     def __init__(self, setup: SessionSetup, host: SessionHost):
         self.worker_id = setup.worker_id
@@ -68,7 +54,7 @@ class TrainSession:
         self._clock = StepClock()
         self._leaving_at: int | None = None  # the report after which every rank leaves, told alike (preemption_info)
         self.index = self._resume.index
-        self._loaders: list[StatefulLoader] = []
+        self._loaders = Loaders(self._resume.loader_states, setup.datasets)
         self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
         self._shares: ShareCopies | None = None  # when a sharded kept state's share is copied
         self._restored: Checkpoint | None = None
@@ -105,8 +91,7 @@ class TrainSession:
                 pace: Pace) -> None:
         """Apply the report's plans (report_plan.py)."""
         self._resume.check_loaded(self._kept is not None, self._restored_loaded)
-        for loader in self._loaders:
-            loader.trained()
+        self._loaders.trained()
         self.index += 1
         generation, rank = self.context.assignment.generation, self.context.assignment.rank
         plan = plan_report(checkpoint=checkpoint is not None, in_memory=checkpoint is not None and checkpoint.in_memory,
@@ -121,7 +106,7 @@ class TrainSession:
             dir_name, files, live = taken.dir_name, taken.files, taken.live
         elif plan.carries is Carries.KEPT:  # no checkpoint: the state kept live serves a recovery, never stored
             live = self._kept_part(copy_share)
-        loader_states = [loader.loader_state() for loader in self._loaders]
+        loader_states = self._loaders.states()
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
         held = HeldCheckpoint(self.index, generation, rank, names, loader_states) if names is not None else None
@@ -202,8 +187,7 @@ class TrainSession:
         """A step's gradients were reduced over the group (torch/reduction.py)."""
         index, steps, _ = self._reduced
         self._reduced = (self.index, steps + 1 if index == self.index else 1, collectives_made())
-        for loader in self._loaders:
-            loader.trained()
+        self._loaders.trained()
 
     @property
     def recovers_in_place(self) -> bool:
@@ -248,8 +232,7 @@ class TrainSession:
         self._went_on_from = position
         self.context.assignment = place
         self._lockstep.reformed(place.world_size, place.generation)
-        for loader in self._loaders:
-            loader.reformed(place.rank, place.world_size, place.previous_ranks or ())
+        self._loaders.reformed(place.rank, place.world_size, place.previous_ranks or ())
         return True
 
     def finish(self) -> None:
@@ -329,11 +312,13 @@ class TrainSession:
                 "state_dict() in the checkpoint instead.")
         self._kept.keep(obj)
 
+    def dataset_shard(self, name: str | None) -> Any:
+        """`get_dataset_shard(name)` (worker/loaders.py)."""
+        return self._loaders.dataset_shard(name, self.context.get_world_rank(), self.context.get_world_size())
+
     def register_loader(self, loader: StatefulLoader) -> dict[str, Any] | None:
         """Track a prepared loader; returns the position it resumes from, if any."""
-        position, states = len(self._loaders), self._resume.loader_states
-        self._loaders.append(loader)
-        return states[position] if position < len(states) else None
+        return self._loaders.register(loader)
 
     def close(self) -> None:
         """The generation is over: finish a report still awaiting its barrier (the loop raised after
