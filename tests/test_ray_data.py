@@ -9,6 +9,8 @@ import signal
 import pytest
 import ray
 
+import elastic_train as et
+
 from tests.data_loops import dataset_counting_loop
 from tests.guide_loops import ray_dataset
 from tests.helpers import make_trainer
@@ -16,10 +18,13 @@ from tests.loops import read_progress
 from tests.test_in_place import check_run
 
 
-def _ids(rows: int):
+def _ids(rows: int, shuffled: bool = False):
+    """Row ids 0..rows-1 in their "id" column, through a map_batches; `shuffled`: by an unseeded
+    random_shuffle (a new order each epoch)."""
     import ray.data
 
-    return ray.data.range(rows, override_num_blocks=7).map_batches(lambda b: {"id": b["id"]})
+    dataset = ray.data.range(rows, override_num_blocks=7)
+    return (dataset.random_shuffle() if shuffled else dataset).map_batches(lambda b: {"id": b["id"]})
 
 
 def _steps_disjoint(log_dir: str) -> None:
@@ -60,14 +65,15 @@ def test_a_loop_reentered_from_its_checkpoint_trains_every_row_once_an_epoch(dat
 @pytest.mark.timeout(240)
 def test_a_coordinator_killed_mid_epoch_is_rebuilt_and_serves_on_from_the_ranks_cursor(data_ray, run_dirs):
     """The dataset's coordinator is SIGKILLed once the run is a few steps into its second epoch: Ray
-    restarts it, it executes the epoch again in the same order, and the ranks go on where they stood."""
+    restarts it, it executes the epoch again in the same order (the dataset's unseeded random_shuffle
+    too), and the ranks go on where they stood."""
     from elastic_train.driver.launch import coordinator_name
     from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
     from tests.helpers import fit_in_background
 
     config = {"rows": 96, "epochs": 3, "batch_size": 4, "step_time": 0.1}
-    join = fit_in_background(make_trainer(run_dirs, 2, dataset_counting_loop, datasets={"train": _ids(96)},
-                                          **config))
+    join = fit_in_background(make_trainer(run_dirs, 2, dataset_counting_loop,
+                                          datasets={"train": _ids(96, shuffled=True)}, **config))
     import time
 
     deadline = time.monotonic() + 120
@@ -82,3 +88,90 @@ def test_a_coordinator_killed_mid_epoch_is_rebuilt_and_serves_on_from_the_ranks_
     assert result.error is None, result.error
     assert result.checkpoint.to_dict()["counts"].tolist() == [3.0] * 96, "a row was skipped or trained twice"
     assert result.world_sizes == [2]
+
+
+@pytest.mark.timeout(240)
+def test_the_torch_trainer_docstring_example_runs_as_ported(data_ray, run_dirs):
+    import math
+
+    from tests.data_examples import docstring_trainer
+
+    result = docstring_trainer(et.RunConfig(storage_path=run_dirs["storage"], name="run")).fit()
+    assert result.error is None, result.error
+    assert math.isfinite(result.metrics["loss"]) and result.checkpoint is not None
+
+
+@pytest.mark.timeout(300)
+def test_the_regression_example_goes_on_when_a_worker_is_killed_mid_epoch(data_ray, run_dirs, tmp_path):
+    """torch_regression_example.py as ported (CSV read, map_batches in pandas, train_test_split, only
+    "train" split, rank 0 validating on the whole "validation" set): a worker is SIGKILLed in the
+    second epoch, between its two reports; the run ends with its three epochs' reports."""
+    from tests.data_examples import regression_trainer, write_regression_csv
+    from tests.helpers import fit_in_background, wait_for
+
+    csv = str(tmp_path / "regression.csv")
+    write_regression_csv(csv, 1200)
+    join = fit_in_background(regression_trainer(csv, et.RunConfig(storage_path=run_dirs["storage"], name="run")))
+    run = wait_for(lambda: _attached("run"), 120, "the run's supervisor")
+    status = wait_for(lambda: (lambda s: s if s["index"] >= 1 and len(s["members"]) == 2 else None)(run.status()),
+                      120, "the first epoch's report")
+    victim = next(m for m in run.members() if m.rank == 1)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert run.status()["index"] == status["index"] == 1, "the kill was not in the second epoch"
+    result = join(240)
+    assert result.error is None, result.error
+    assert len(result.metrics_history) == 3 and 1 in result.world_sizes
+    assert "loss" in result.metrics
+
+
+def _attached(name: str):
+    from chaos.targets import RunHandle
+
+    try:
+        return RunHandle(name)
+    except ValueError:
+        return None
+
+
+FUZZ_CHANGES = 100  # membership changes: kills (N -> N-1, or -> 1) and the replacements' joins (N -> N+1)
+FUZZ_EPOCHS = 400
+
+
+@pytest.mark.timeout(900)
+def test_a_hundred_random_kills_and_resizes_train_every_row_once_and_end_as_a_fault_free_run(data_ray, run_dirs):
+    """tests/guide_loops.py on Ray Data at 1 to 3 workers: from outside, SIGKILL a random worker, or all
+    but one, at a random point of a step, each time the run trains again at two or more, until its
+    membership changed FUZZ_CHANGES times (each kill, and each replacement's join, opens a generation).
+    Every row once an epoch among the completed steps, no process redoing a step, and the weights of a
+    fault-free run through the same world-size schedule."""
+    import contextlib
+    import random
+    import time
+
+    from tests.guide_loops import guide_loop
+    from tests.helpers import fit_in_background, wait_for
+
+    config = {"epochs": FUZZ_EPOCHS, "step_time": 0.05, "data": "ray"}
+    join = fit_in_background(make_trainer(run_dirs, (1, 3), guide_loop, datasets={"train": ray_dataset()},
+                                          elastic=et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0),
+                                          **config))
+    run = wait_for(lambda: _attached("run"), 120, "the run's supervisor")
+    rng, kills, started = random.Random(36), [], time.monotonic()
+    while run.status()["generation"] < FUZZ_CHANGES:
+        generation = run.status()["generation"]
+        members = wait_for(lambda: (lambda m: m if len(m) >= 2 else None)(run.members()), 120, "two workers training")
+        time.sleep(rng.uniform(0.0, 0.3))  # a random point of a step
+        victims = members[1:] if rng.random() < 0.15 else [rng.choice(members)]
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):  # lost already, since members() answered
+                os.kill(victim.pid, signal.SIGKILL)
+        kills.append((len(members), len(members) - len(victims)))
+        wait_for(lambda: run.status()["generation"] > generation, 120, "the run to re-form")
+    print(f"{len(kills)} kills, {run.status()['generation']} generations in {time.monotonic() - started:.0f} s")
+    config["epochs"] = run.status()["metrics"]["epoch"] + 3  # end the run soon, every rank alike
+    with open(os.path.join(run_dirs["log_dir"], "epochs.tmp"), "w") as f:
+        f.write(str(config["epochs"]))
+    os.rename(os.path.join(run_dirs["log_dir"], "epochs.tmp"), os.path.join(run_dirs["log_dir"], "epochs"))
+    result = join(600)
+    check_run(result, run_dirs["log_dir"], config, None)
+    assert {after for _, after in kills} >= {1, 2}, kills

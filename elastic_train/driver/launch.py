@@ -61,11 +61,13 @@ def start_coordinators(run_name: str, sources: dict[str, DatasetSource]) -> dict
     """`sources` with a coordinator started for each dataset split across the ranks: on the head node
     like the supervisor, restarted by Ray when it dies (it is rebuilt from the ranks' cursors)."""
     from elastic_train.ingest.coordinator import DatasetCoordinator
+    from elastic_train.ingest.replay import run_seed
 
     actor = ray.remote(DatasetCoordinator)
     return {name: dataclasses.replace(source, coordinator=actor.options(
         name=coordinator_name(run_name, name), namespace=ACTOR_NAMESPACE, num_cpus=0, resources=on_head_node(),
-        max_restarts=-1, max_task_retries=-1, scheduling_strategy="DEFAULT").remote(source.dataset, name))
+        max_restarts=-1, max_task_retries=-1, scheduling_strategy="DEFAULT").remote(
+            source.dataset, name, run_seed(run_name, name)))
         if source.split else source for name, source in sources.items()}
 
 

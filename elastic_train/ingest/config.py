@@ -86,7 +86,7 @@ def prepare_datasets(datasets: Mapping[str, Any], config: DataConfig | _RayDataC
     sources = {}
     for name, given in datasets.items():
         dataset = _resolved(given)
-        dataset = dataset.copy(dataset)
+        dataset = type(dataset).copy(dataset, _deep_copy=True)  # its own context: its own options
         if dataset.name is None:
             dataset.set_name(name)
         options = config._resolve_execution_options(name)

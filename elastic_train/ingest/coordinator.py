@@ -4,8 +4,9 @@ serves any rows of it, by their place in the epoch's order, to whichever rank as
 
 It keeps no cursor: where each epoch stands is the ranks' (cursor.py), reported with every
 `report()`. So the coordinator is a cache of executions, and Ray restarts it if it is lost
-(`max_restarts=-1`): the restarted one executes the epoch again, in the same order (the dataset's
-execution is made order-preserving), and serves on from the rows the ranks ask for. Rows below what
+(`max_restarts=-1`): the restarted one executes the epoch again, in the same order (replay.py),
+and serves on from the rows the ranks ask for. An execution that failed, or whose blocks were
+lost, is executed anew when next asked for. Rows below what
 any rank may still ask for (`release`) are let go; asked for again (a run restored from an older
 checkpoint), the epoch is executed again up to them.
 """
@@ -18,6 +19,7 @@ from typing import Any, Iterator
 import ray
 
 from elastic_train.ingest.blocks import EpochBlocks, Piece
+from elastic_train.ingest.replay import run_at, seed_random_operators
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class _Execution:
         self.blocks = EpochBlocks(kept_from=kept_from)
 
     def reach(self, row: int) -> None:
-        """Pull blocks until the order has `row` rows or ends."""
+        """Pull blocks until the order has `row` rows or ends (raises what the execution raised)."""
         while self.blocks.rows < row and not self.blocks.ended:
             bundle = next(self.stream, None)
             if bundle is None:
@@ -63,8 +65,9 @@ class _Execution:
 class DatasetCoordinator:
     """Serves one dataset's epochs to the ranks (a Ray actor, restarted by Ray when lost)."""
 
-    def __init__(self, dataset: Any, name: str):
+    def __init__(self, dataset: Any, name: str, seed: int):
         self._dataset, self._name = dataset, name
+        seed_random_operators(dataset, name, seed)
         self._executions: dict[int, _Execution] = {}
 
     def pieces(self, epoch: int, runs: Runs) -> list[list[Piece]]:
@@ -73,10 +76,19 @@ class DatasetCoordinator:
         execution = self._execution(epoch, lowest)
         found = []
         for begin, end in runs:
-            execution.reach(end)
+            try:
+                execution.reach(end)
+            except Exception:  # a failed execution is not served again: the next ask executes the epoch anew
+                self._executions.pop(epoch, None)
+                raise
             held = execution.blocks.pieces(begin, end)  # each held block is (its ref, the first row it gives)
             found.append([Piece(p.block[0], p.block[1] + p.offset, p.length) for p in held])
         return found
+
+    def forget(self, epoch: int) -> None:
+        """The blocks served for `epoch` were lost (their node, or their owner): execute it anew."""
+        if self._executions.pop(epoch, None) is not None:
+            logger.warning("dataset %r: blocks of epoch %d were lost; executing the epoch again", self._name, epoch)
 
     def release(self, epoch: int, below: int) -> None:
         """No rank will ask for rows of an epoch before `epoch`, nor for those below `below` in it."""
@@ -92,6 +104,9 @@ class DatasetCoordinator:
         if execution is not None:
             logger.warning("dataset %r: rows from %d of epoch %d were let go; executing the epoch again",
                            self._name, lowest, epoch)
+        for newer in [e for e in self._executions if e > epoch]:  # the ranks went back to an older epoch
+            del self._executions[newer]
+        run_at(self._dataset, epoch)
         execution = self._executions[epoch] = _Execution(self._dataset, lowest or 0)
         for older in sorted(self._executions)[:-EPOCHS_HELD]:
             del self._executions[older]

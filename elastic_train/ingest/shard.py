@@ -8,7 +8,9 @@ After a resize the rest of the epoch is split over the new world, the lost ranks
 first: no row of an epoch is trained twice or skipped. The next step's rows are fetched while the
 loop trains the current one.
 
-Where we differ from Ray: shares are equal within one row (no `equal=True` truncation); a local
+Where we differ from Ray: shares are equal within one row (no `equal=True` truncation: where an
+epoch's last global batch has fewer rows than there are ranks, a rank without one takes its last
+row again, so that every rank takes the step); `iter_rows` draws one row a step; a local
 shuffle (`local_shuffle_buffer_size`) permutes the rows within each batch, seeded by
 `local_shuffle_seed`, the epoch and the batch's place (a redone step gets the same batch);
 `batch_size=None` (whole blocks) takes 256 rows a rank; `materialize()` of a shard is refused (it
@@ -62,22 +64,27 @@ class ElasticDataIterator(DataIterator):
         self._name, self._coordinator, self._dataset = name, coordinator, dataset
         self._rank, self._world_size = rank, world_size
         self._cursor = Cursor()
-        self._reports: list[tuple[int, int]] = []  # the lowest rows of the last two reports' states
+        self._resumable: list[tuple[int, int]] = []  # the lowest rows of the two newest states a resume may start from
         self._fetcher: ThreadPoolExecutor | None = None
         self._ahead: tuple[StepPlan, Future[Drawn | None]] | None = None
 
     # -- as the session drives a loader (worker/session.py StatefulLoader) -------------------------
     def resume_from(self, state: dict[str, Any] | None) -> None:
         self._cursor.resume_from(state)
+        self._resumable = [self._cursor.lowest_row()]  # the generation's own start, until two newer ones
 
     def loader_state(self) -> dict[str, Any]:
-        """The cursor, as a report records it. Called once a report: rank 0 then tells the coordinator
-        which rows no resume may ask for again (below the older of the last two reports')."""
-        state = self._cursor.state()
-        self._reports = [*self._reports[-1:], self._cursor.lowest_row()]
+        return {**self._cursor.state(), "dataset": self._name}
+
+    def reported(self, carries_state: bool) -> None:
+        """Where the report carries state, a resume may start from it: rank 0 tells the coordinator which
+        rows none will ask for again (below the older of the two newest such states). Rows let go are
+        executed again if asked for (a run restored from an older checkpoint): slower, as exact."""
+        if not carries_state:
+            return
+        self._resumable = [*self._resumable[-1:], self._cursor.lowest_row()]
         if self._rank == 0:
-            self._coordinator.release.remote(*min(self._reports))
-        return state
+            self._coordinator.release.remote(*min(self._resumable))
 
     def trained(self) -> None:
         self._cursor.trained()
@@ -88,6 +95,17 @@ class ElasticDataIterator(DataIterator):
         self._ahead = None
 
     # -- Ray's DataIterator ------------------------------------------------------------------------
+    def iter_rows(self) -> Any:
+        """Ray's, one row a step: a rank draws no row before it hands it over."""
+        batches = self._iter_batches(batch_size=1, batch_format=None)
+
+        def rows() -> Iterator[Any]:
+            for batch in batches:
+                yield from BlockAccessor.for_block(BlockAccessor.batch_to_block(batch)).iter_rows(
+                    public_row_format=True)
+
+        return _Iterable(rows)
+
     def iter_torch_batches(self, **kwargs: Any) -> Any:
         """Ray's, with `device="auto"` this worker's device (`elastic_train.torch.get_device()`)."""
         if kwargs.get("device", "auto") == "auto":
@@ -151,10 +169,11 @@ class ElasticDataIterator(DataIterator):
             begin, end = share_bounds(len(chunk), plan.rank, plan.world_size)
             try:
                 block = _block_of(_cut([p for run in runs for p in run], begin, end))
-            except ray.exceptions.ObjectLostError:
+            except ray.exceptions.ObjectLostError:  # their node, or their owner (a coordinator restarted since)
                 if attempt + 1 == FETCH_ATTEMPTS:
                     raise
-                logger.warning("dataset %r: blocks lost with their coordinator; asking its successor", self._name)
+                logger.warning("dataset %r: blocks of epoch %d lost; asking for them again", self._name, plan.epoch)
+                ray.get(self._coordinator.forget.remote(plan.epoch))
                 continue
             return Drawn(chunk, form(block, (plan.epoch, chunk[begin])), plan.size(fresh))
         raise AssertionError("unreachable")

@@ -90,6 +90,9 @@ class ElasticDataLoader:
     def loader_state(self) -> dict[str, Any]:
         return self._cursor.state()
 
+    def reported(self, carries_state: bool) -> None:
+        """Nothing to let go: the dataset is the loop's own."""
+
     def trained(self) -> None:
         """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
         was made (a loop draws a batch for its step, not ahead of the step's backward)."""

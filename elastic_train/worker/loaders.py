@@ -12,7 +12,10 @@ class StatefulLoader(Protocol):
     """A loader whose epoch position survives a resize."""
 
     def loader_state(self) -> dict[str, Any]:
-        """Its cursor, as a report records it (called once a report)."""
+        """Its cursor, as a report records it."""
+
+    def reported(self, carries_state: bool) -> None:
+        """A report recorded `loader_state()`; `carries_state`: a resume may start from it."""
 
     def trained(self) -> None:
         """Every rank trained the batches drawn so far: the step's gradients were reduced, or a report
@@ -31,16 +34,20 @@ class Loaders:
         self._resumed = resumed  # the states of the report the generation resumes from
         self._datasets = datasets  # TorchTrainer(datasets=): ingest/config.py DatasetSource by name
         self._loaders: list[StatefulLoader] = []
+        self._keys: list[str | None] = []  # each loader's dataset (None: a prepared DataLoader)
         self._shards: dict[str, Any] = {}
 
     def __bool__(self) -> bool:
         return bool(self._loaders)
 
-    def register(self, loader: StatefulLoader) -> dict[str, Any] | None:
-        """Track `loader`; returns the state it resumes from, if any."""
-        position = len(self._loaders)
+    def register(self, loader: StatefulLoader, dataset: str | None = None) -> dict[str, Any] | None:
+        """Track `loader` (a shard of `dataset`, or a prepared DataLoader); returns the state it resumes
+        from, if any: its dataset's, or the n-th DataLoader's for the n-th DataLoader."""
+        states = [state for state in self._resumed if state.get("dataset") == dataset]
+        position = self._keys.count(dataset)
         self._loaders.append(loader)
-        return self._resumed[position] if position < len(self._resumed) else None
+        self._keys.append(dataset)
+        return states[position] if position < len(states) else None
 
     def dataset_shard(self, name: str | None, rank: int, world_size: int) -> Any:
         """`get_dataset_shard(name)`: one iterator a dataset for the generation; None without datasets."""
@@ -52,7 +59,7 @@ class Loaders:
             source = self._datasets[name]
             shard = self._shards[name] = source.iterator(name, rank, world_size)
             if source.split:
-                shard.resume_from(self.register(shard))
+                shard.resume_from(self.register(shard, name))
         return self._shards[name]
 
     def trained(self) -> None:
@@ -65,6 +72,10 @@ class Loaders:
 
     def states(self) -> list[dict[str, Any]]:
         return [loader.loader_state() for loader in self._loaders]
+
+    def reported(self, carries_state: bool) -> None:
+        for loader in self._loaders:
+            loader.reported(carries_state)
 
 
 __all__ = ["Loaders", "StatefulLoader"]

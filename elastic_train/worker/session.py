@@ -109,6 +109,7 @@ class TrainSession:
         loader_states = self._loaders.states()
         names = sorted(files) if files is not None else (live.names if live is not None else None)
         facts = facts_soon(files) if files is not None else None  # checked wherever the files are served or stored
+        self._loaders.reported(names is not None)
         held = HeldCheckpoint(self.index, generation, rank, names, loader_states) if names is not None else None
         report = Report(generation, self.index, dict(metrics), names, loader_states, dir_name,
                         plan.carries is Carries.LOOP_STORED, plan.sync, pace, plan.store)
