@@ -175,11 +175,11 @@ def train_loop(config: dict[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
     ddp = api_torch.prepare_model(model, live_state=True) if kept else api_torch.prepare_model(model)
-    for step, inputs in workload_steps(api_torch, context, config, start, width):
+    for step, inputs, drawn in workload_steps(api_torch, context, config, start, width):
         began = time.time()
         loss = train_step(ddp, optimizer, inputs, config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": context.get_world_rank(),
-                  "world_size": context.get_world_size(), "step": step}
+                  "world_size": context.get_world_size(), "step": step, **drawn}
         with open(log / "progress.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         metrics = {"loss": loss.item(), "step": step}
@@ -198,21 +198,42 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: int,
-                   width: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """The workload's steps from `start` to `config["steps"]`: each step's number and inputs, a batch of
-    sample ids from `prepare_data_loader` (one epoch long enough for the run), each id a row of a
-    seeded table. Rank 1 SIGKILLs itself on schedule first (`config["kills"]`, `kill_if_due`)."""
+                   width: int) -> Iterator[tuple[int, torch.Tensor, dict[str, Any]]]:
+    """The workload's steps from `start` to `config["steps"]`: each step's number, inputs (a batch of
+    sample ids, one epoch long enough for the run, each id a row of a seeded table) and, with
+    `config["data"] == "ray"`, what drawing the batch took, its ids and the world size it was drawn at. Rank 1 SIGKILLs itself on
+    schedule first (`config["kills"]`, `kill_if_due`)."""
     table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
-    samples = torch.arange((config["steps"] + 1) * BATCH * context.get_world_size())
-    loader = api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
+    batches = iter(_sample_ids(api_torch, context, config))
     step = start - 1
-    for ids in loader:
+    while True:
+        drawing = time.perf_counter()
+        ids = next(batches, None)
+        drawn = {"fetch_s": time.perf_counter() - drawing, "ids": ids.tolist() if ids is not None else [],
+                 "drawn_world": context.get_world_size()} if config.get("data") == "ray" else {}
         step += 1
-        if step > config["steps"]:
+        if ids is None or step > config["steps"]:
             return
         if context.get_world_rank() == 1 and config.get("kills"):
             kill_if_due(Path(config["log_dir"]), step, config["kills"], config["kill_every"])
-        yield step, table[ids % TABLE]
+        yield step, table[ids % TABLE], drawn
+
+
+def dataset_rows(config: dict[str, Any], workers: int) -> int:
+    """Rows of the Ray Data dataset (`config["data"] == "ray"`): one epoch long enough for the run."""
+    return (config["steps"] + 1) * BATCH * workers
+
+
+def _sample_ids(api_torch: Any, context: Any, config: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """Each step's sample ids: from `prepare_data_loader`, or with `config["data"] == "ray"` from the
+    "train" dataset's shard (`get_dataset_shard`, `iter_torch_batches`; ids in its "id" column)."""
+    if config.get("data") == "ray":
+        api = importlib.import_module(config["api"])
+        for batch in api.get_dataset_shard("train").iter_torch_batches(batch_size=BATCH):
+            yield batch["id"]
+        return
+    samples = torch.arange(dataset_rows(config, context.get_world_size()))
+    yield from api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
 
 
 def kill_if_due(log: Path, step: int, kills: int, every: int) -> None:

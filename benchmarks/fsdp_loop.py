@@ -79,7 +79,7 @@ def train_loop(config: dict[str, Any]) -> None:
             start = json.loads(Path(d, "step.json").read_text())["step"] + 1
     prepared = time.time() - entered
     first = True
-    for step, inputs in workload_steps(api_torch, context, config, start, width):
+    for step, inputs, _ in workload_steps(api_torch, context, config, start, width):
         rank = context.get_world_rank()
         began = time.time()
         loss = train_step(model, optimizer, inputs, config["step_time"])

@@ -40,6 +40,13 @@ and takes one report per worker per poll, so reporting every step caps its steps
     python -m benchmarks.kill_recovery --quick --checkpoint-every 0 --width 2048   # 128 MB of state to restore
     python -m benchmarks.kill_recovery --framework lightning --quick
     python -m benchmarks.kill_recovery --parallel fsdp --quick --checkpoint-every 0   # re-shard from memory
+    python -m benchmarks.kill_recovery --data ray --step-time 0.05 --systems elastic_train,ray_train
+
+`--data ray` feeds the torch loop from Ray Data (`TorchTrainer(datasets={"train": ray.data.range(n)})`,
+`get_dataset_shard("train").iter_torch_batches`) on both systems, with two CPUs more for Ray Data's
+tasks, and adds per kill the wait for the first batch after it (`first_batch_s`), the median wait for
+a batch (`fetch_s_median`: the coordinator's cost, and Ray's split's), and the rows trained twice or
+skipped in all (a restarted Ray Train walks its epoch from its first row again).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray.data
 import ray.train
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
@@ -64,7 +72,8 @@ import elastic_train as et
 from benchmarks import torchft_system
 from benchmarks.fsdp_loop import FSDP_WIDTH
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
-                               chosen_systems, machine_facts, median_spread, reported_step, spread, WIDTH)
+                               chosen_systems, dataset_rows, machine_facts, median_spread, reported_step, spread,
+                               WIDTH)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -80,7 +89,7 @@ FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_l
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
                ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing(),
-               width: int = WIDTH, fixed: bool = False, workers: int = NUM_WORKERS) -> dict[str, Any]:
+               width: int = WIDTH, fixed: bool = False, workers: int = NUM_WORKERS, data: str = "torch") -> dict[str, Any]:
     """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
@@ -88,13 +97,15 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     log = workdir / "log"
     log.mkdir(parents=True)
     config = {"api": API.get(system), "log_dir": str(log), "kills": kills, "kill_every": kill_every,
-              "steps": kill_every * (kills + 1), "step_time": step_time, "width": width,
+              "steps": kill_every * (kills + 1), "step_time": step_time, "width": width, "data": data,
               **checkpointing.loop_config()}
     env = {"PYTHONPATH": str(ROOT)}
     if system == "ray_train" and ray_poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name = str(workdir / "storage"), "kill_recovery"
-    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    spare = 2 if data == "ray" else 0  # Ray Data's tasks: CPUs the workers leave
+    ray.init(num_cpus=workers + spare, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    datasets = {"train": ray.data.range(dataset_rows(config, workers))} if data == "ray" else None
     try:
         started = time.monotonic()
         if system == "torchft":
@@ -103,14 +114,14 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         if system == "ray_train":
             result = RayTorchTrainer(
                 train_loop, train_loop_config=config,
-                scaling_config=ray.train.ScalingConfig(num_workers=workers),
+                scaling_config=ray.train.ScalingConfig(num_workers=workers), datasets=datasets,
                 run_config=ray.train.RunConfig(storage_path=storage, name=name,
                                                failure_config=ray.train.FailureConfig(max_failures=kills + 2)),
             ).fit()
         else:
             result = ElasticTorchTrainer(
                 train_loop, train_loop_config=config,
-                scaling_config=et.ScalingConfig(num_workers=workers if fixed else (1, workers)),
+                scaling_config=et.ScalingConfig(num_workers=workers if fixed else (1, workers)), datasets=datasets,
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=kills + 2),
                                         checkpoint_config=checkpointing.elastic_config()),
@@ -165,7 +176,28 @@ def measure(log: Path, workers: int = NUM_WORKERS) -> dict[str, Any]:
         "step_s_median": round(step_s, 3),
         "rank0_steps_by_world_size": dict(sorted(Counter(r["world_size"] for r in rank0).items())),
         **_sharded_costs(progress, kill_records),
+        **_data_costs(progress, kill_records),
     }
+
+
+def _data_costs(progress: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
+    """With `--data ray`: per kill, the wait for the first batch drawn in the group it left (a survivor's
+    at the new size, or a restarted worker's); the median wait for a batch otherwise; and the rows
+    trained twice, and skipped, over every step completed."""
+    if not any("fetch_s" in r for r in progress):
+        return {}
+    first = []
+    for kill in kills:
+        before = [r for r in progress if r["time"] < kill["time"]]
+        pids, world = {r["pid"] for r in before}, before[-1]["world_size"] if before else None
+        first.append(next((r for r in progress if r["time"] > kill["time"]
+                           and (r["pid"] not in pids or r["drawn_world"] != world)), None))
+    firsts = {id(r) for r in first if r is not None}
+    rows = [i for r in progress for i in r["ids"]]
+    return {**spread("first_batch_s", [round(r["fetch_s"], 4) if r else None for r in first]),
+            "fetch_s_median": round(statistics.median(r["fetch_s"] for r in progress if id(r) not in firsts), 5),
+            "rows_trained_twice": len(rows) - len(set(rows)),
+            "rows_skipped": max(rows) + 1 - len(set(rows))}
 
 
 def _sharded_costs(progress: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,16 +221,21 @@ def _sharded_costs(progress: list[dict[str, Any]], kills: list[dict[str, Any]]) 
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
     sharded = report.get("framework") == "fsdp"  # the loop's own timings: benchmarks.fsdp_loop
+    fed = report.get("data") == "ray"
     extra = (" | kill -> end of the first step begun after it | loop entry -> state restored: median (min-max) "
-             "| report |") if sharded else " |"
+             "| report |") if sharded else (" | first batch after a kill: median (min-max) | wait for a batch: median "
+                                           "(of a step) | rows trained twice | rows skipped |") if fed else " |"
     rows = [f"| system | kills | kill -> next step: median (min-max) | kill -> {report.get('workers', NUM_WORKERS)} "
             "workers again: median (min-max) | survivors' pause when growing: median (min-max) "
             "| steps redone: total (median) | rank-0 steps at world size | step | wall" + extra,
-            "| --- " * (12 if sharded else 9) + "|"]
+            "| --- " * (12 if sharded else 13 if fed else 9) + "|"]
     for s in report["systems"]:
         sizes = ", ".join(f"{n}: {c}" for n, c in s["rank0_steps_by_world_size"].items())
         costs = (f" | {median_spread(s, 'first_step_s')} | {median_spread(s, 'prepared_s')} "
-                 f"| {s['report_s_median'] * 1000:.1f} ms |") if sharded else " |"
+                 f"| {s['report_s_median'] * 1000:.1f} ms |") if sharded else (
+            f" | {median_spread(s, 'first_batch_s')} | {s['fetch_s_median'] * 1000:.2f} ms "
+            f"({s['fetch_s_median'] / s['step_s_median']:.1%}) | {s['rows_trained_twice']} | {s['rows_skipped']} |"
+        ) if fed else " |"
         rows.append(f"| {s['system']} | {s['kills']} | {median_spread(s, 'resume_s')} "
                     f"| {median_spread(s, 'full_size_s')} | {median_spread(s, 'grow_pause_s')} "
                     f"| {s['steps_redone_total']} ({s['steps_redone_median']:g}) "
@@ -221,6 +258,8 @@ def main() -> None:
                         help="elastic_train at a fixed size (num_workers=2) rather than num_workers=(1, 2)")
     parser.add_argument("--framework", choices=sorted(set(FRAMEWORKS) - {"fsdp"}), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
+    parser.add_argument("--data", choices=("torch", "ray"), default="torch",
+                        help="ray: the torch loop fed from Ray Data (get_dataset_shard) on both systems; torchft is not run")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
                         help="fsdp: the torch loop's model sharded with FSDP2 (benchmarks.fsdp_loop), 3 workers, "
                              f"width {FSDP_WIDTH} (3.2 M parameters), AdamW; torchft is not run (it does not re-shard)")
@@ -241,6 +280,11 @@ def main() -> None:
         args.width = FSDP_WIDTH if args.width == WIDTH else args.width
         if "torchft" in systems:
             systems.remove("torchft")
+    if args.data == "ray":
+        if args.framework != "torch" or args.parallel != "ddp":
+            parser.error("--data ray runs the torch loop with DDP")
+        if "torchft" in systems:
+            systems.remove("torchft")
     if args.framework != "torch" and "torchft" in systems:
         if args.systems != ",".join(SYSTEMS):
             parser.error("torchft runs the torch loop only: drop it from --systems, or use --framework torch")
@@ -251,7 +295,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills
-    suffix = "" if args.framework == "torch" else f"_{args.framework}"
+    suffix = ("" if args.framework == "torch" else f"_{args.framework}") + ("_ray_data" if args.data == "ray" else "")
     out = (args.out or ROOT / "results" / f"kill_recovery{suffix}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -259,11 +303,12 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out, chosen_checkpointing(args), args.width, args.fixed, workers))
+                                  out, chosen_checkpointing(args), args.width, args.fixed, workers, args.data))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
         "framework": args.framework,
+        "data": args.data,
         "kills": kills,
         "kill_every_steps": args.kill_every,
         "step_time_s": args.step_time,

@@ -69,8 +69,10 @@ def new_model(config: dict) -> torch.nn.Module:
     return Net(config.get("batch_norm", False), config.get("unused", False)).double()
 
 
-def new_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+def new_optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
+    """SGD with momentum; `config["lr"]` a smaller rate for long runs (at LR, hundreds of epochs at a
+    batch of 4 swing wide enough to grow the last bit a reduction's order leaves into a visible one)."""
+    return torch.optim.SGD(model.parameters(), lr=config.get("lr", LR), momentum=MOMENTUM)
 
 
 def guide_loop(config: dict) -> None:
@@ -81,7 +83,7 @@ def guide_loop(config: dict) -> None:
 
     model = prepare_model(new_model(config), parallel_strategy_kwargs={"find_unused_parameters": True}
                           if config.get("unused") else None)
-    optimizer = new_optimizer(model)
+    optimizer = new_optimizer(model, config)
     scaler = torch.amp.GradScaler("cpu", enabled=config.get("amp", False))
     start_epoch = 0
     checkpoint = et.get_checkpoint()
@@ -197,7 +199,7 @@ def replay(log_dir: str, config: dict) -> dict[str, torch.Tensor]:
     the buffers (BatchNorm's) are rank 0's, which DDP broadcasts before each forward. A rank logs a
 step once its gradients are reduced: a rank lost after that counts in it."""
     model, (x, y) = new_model(config), dataset()
-    optimizer = new_optimizer(model)
+    optimizer = new_optimizer(model, config)
     for _, records in sorted(completed_steps(log_dir).items()):
         buffers = {name: b.clone() for name, b in model.named_buffers()}
         grads = []

@@ -158,3 +158,41 @@ def test_random_losses_growths_and_reentries_train_every_row_once_an_epoch(seed)
     for epoch in range(epochs):
         assert all(run.trained[(epoch, row)] == 1 for row in range(rows)), \
             f"epoch {epoch}: a row trained twice or skipped after {dict(events)}"
+
+
+@pytest.mark.timeout(60)
+def test_dataset_arguments_that_cannot_run_fail_before_any_actor_starts():
+    import ray.data
+    from ray.train import DataConfig as RayDataConfig
+
+    import elastic_train as et
+
+    def loop():
+        pass
+
+    ds = ray.data.from_items([{"id": 1}])
+
+    class Splitting(et.DataConfig):
+        def configure(self, *args, **kwargs):
+            return []
+
+    with pytest.raises(et.ConfigError, match=r"overrides DataConfig.configure\(\)"):
+        et.TorchTrainer(loop, datasets={"train": ds}, dataset_config=Splitting())
+    with pytest.raises(et.ConfigError, match=r"datasets_to_split=\['valid'\]\) names no dataset: the trainer has \['train'\]"):
+        et.TorchTrainer(loop, datasets={"train": ds}, dataset_config=et.DataConfig(datasets_to_split=["valid"]))
+    with pytest.raises(et.ConfigError, match="dataset_config must be an elastic_train.DataConfig"):
+        et.TorchTrainer(loop, datasets={"train": ds}, dataset_config={"datasets_to_split": "all"})
+    with pytest.raises(et.ConfigError, match="datasets must map names"):
+        et.TorchTrainer(loop, datasets=[ds])
+    trainer = et.TorchTrainer(loop, datasets={"train": ds, "valid": lambda: ds},
+                              dataset_config=RayDataConfig(datasets_to_split=["train"]))  # Ray's own config too
+    assert set(trainer.datasets) == {"train", "valid"} and et.TRAIN_DATASET_KEY == "train"
+
+
+@pytest.mark.timeout(10)
+def test_a_shard_refuses_to_materialize_with_what_to_do_instead():
+    from elastic_train.ingest.shard import ElasticDataIterator
+
+    shard = ElasticDataIterator("train", None, None, 0, 2)
+    with pytest.raises(NotImplementedError, match=r"materialize the dataset before passing it to the trainer"):
+        shard.materialize()

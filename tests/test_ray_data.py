@@ -151,7 +151,7 @@ def test_a_hundred_random_kills_and_resizes_train_every_row_once_and_end_as_a_fa
     from tests.guide_loops import guide_loop
     from tests.helpers import fit_in_background, wait_for
 
-    config = {"epochs": FUZZ_EPOCHS, "step_time": 0.05, "data": "ray"}
+    config = {"epochs": FUZZ_EPOCHS, "step_time": 0.05, "data": "ray", "lr": 0.01}
     join = fit_in_background(make_trainer(run_dirs, (1, 3), guide_loop, datasets={"train": ray_dataset()},
                                           elastic=et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0),
                                           **config))
