@@ -103,7 +103,8 @@ class TrainWorker:
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
         # of one process are not ordered).
         if ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid())):
-            warm_up(use_cuda=spec.backend == "nccl")  # before it can be given a place: its peers would wait for it
+            # before it can be given a place: its peers would wait for it
+            warm_up(use_cuda=spec.backend == "nccl", datasets=bool(spec.datasets))
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
