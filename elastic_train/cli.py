@@ -127,7 +127,7 @@ def events(run_path: str = typer.Argument(..., help="a run's folder (Result.path
 
 @app.command()
 def checkpoints(run_path: str = typer.Argument(..., help="a run's folder (Result.path)"),
-                verify: bool = typer.Option(False, "--verify", help="read every file and check its size and SHA-256"),
+                verify: bool = typer.Option(False, "--verify", help="read every file and check its size and checksum"),
                 storage_option: list[str] = Options) -> None:
     """The run's committed checkpoints, oldest first."""
     console = _console()

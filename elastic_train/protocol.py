@@ -99,7 +99,7 @@ class ResumePlan:
     # The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): restored into
     # the model and its optimizer, never stored, not a checkpoint for `get_checkpoint()`.
     state_only: bool = False
-    # name -> {"size", "sha256"} of the copy its holder serves, as made when reported (or serialized):
+    # name -> {"size", "xxh3_128"} of the copy its holder serves, as made when reported (or serialized):
     # checked where it lands. A kept state has none (its tensors' versions are its check).
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -251,7 +251,7 @@ class HeldCheckpoint:
     rank: int
     names: list[str]
     loader_states: list[dict[str, Any]]  # prepare_data_loader positions (global: alike on every rank)
-    # name -> {"size", "sha256"}, made with the files' bytes (at the report; a live part's when serialized)
+    # name -> {"size", "xxh3_128"}, made with the files' bytes (at the report; a live part's when serialized)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

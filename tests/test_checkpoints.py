@@ -11,7 +11,8 @@ import pytest
 import elastic_train as et
 from elastic_train.checkpoint import manifest
 from elastic_train.checkpoint.manifest import CorruptCheckpointError, facts_made, facts_soon, file_facts
-from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.checkpoint.layout import Attempt
+from elastic_train.checkpoint.storage import CHECKED_WHILE_WRITTEN_BYTES, RunStorage
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.supervisor.ledger import CheckpointLedger
 from elastic_train.worker.memory import CheckpointMemory
@@ -103,9 +104,16 @@ def test_a_part_whose_held_copy_no_longer_matches_its_report_is_not_stored(tmp_p
     files = {"model.pt": b"weights", "extra.txt": b"note"}
     facts = file_facts(files)
     assert storage.write_part(1, files, facts=facts) == facts
-    with pytest.raises(CorruptCheckpointError, match="model.pt does not match its SHA-256 in its report"):
+    with pytest.raises(CorruptCheckpointError, match=r"model.pt does not match its checksum \(xxh3_128\) in its report"):
         storage.write_part(2, {**files, "model.pt": b"weighTs"}, facts=facts)
     assert not any(a.index == 2 for a in storage.attempts())
+    # A large part is checked while it is written: what was written of a corrupt copy is removed.
+    big = {"model.pt": bytes(CHECKED_WHILE_WRITTEN_BYTES), "extra.txt": b"note"}
+    big_facts = file_facts(big)
+    assert storage.write_part(3, big, facts=big_facts) == big_facts
+    with pytest.raises(CorruptCheckpointError, match=r"model.pt does not match its checksum \(xxh3_128\) in its report"):
+        storage.write_part(4, {**big, "model.pt": b"\1" + bytes(CHECKED_WHILE_WRITTEN_BYTES - 1)}, facts=big_facts)
+    assert storage.fs.find(storage.folder(Attempt(4, 0))) == []
 
 
 @pytest.mark.timeout(10)

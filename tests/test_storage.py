@@ -4,6 +4,7 @@ whole one, bad storage settings fail before any actor starts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -136,6 +137,20 @@ def test_wrong_credentials_or_a_missing_bucket_fail_before_any_actor_starts(loca
 
 
 @pytest.mark.timeout(30)
+def test_a_checkpoint_committed_with_sha256_checksums_by_an_earlier_version_still_loads_and_is_still_checked(tmp_path):
+    storage = RunStorage(str(tmp_path / "storage"), "run")
+    data = {"a.bin": b"x" * 10, "b.bin": b"y" * 3}
+    storage.write_part(1, data)
+    sha = {name: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for name, d in data.items()}
+    committed = storage.commit(1, Manifest(step=1, generation=0, world_size=1, files=sha))
+    assert load_checkpoint(storage.url()).files() == data and storage.verify(committed) == []
+    storage.fs.pipe_file(f"{storage.folder(Attempt(1, 0))}/b.bin", b"y!y")  # same size, other bytes
+    assert storage.verify(committed) == [f"{committed.path}/b.bin does not match its checksum (sha256) in the manifest"]
+    other = storage.write_part(2, data)  # what this version writes: XXH3-128
+    assert all(set(f) == {"size", "xxh3_128"} for f in other.values())
+
+
+@pytest.mark.timeout(30)
 def test_the_storage_layer_commits_verifies_and_cleans_up_in_any_fsspec_store(tmp_path):
     for url in ("memory://et-test", str(tmp_path / "local")):
         storage = RunStorage(url, "run")
@@ -149,9 +164,9 @@ def test_the_storage_layer_commits_verifies_and_cleans_up_in_any_fsspec_store(tm
         assert committed.path.endswith("/run/checkpoint_000001_g0000")
         assert storage.read_verified(committed) == {"a.bin": b"x" * 10, "dir/b.bin": b"y"}
         storage.fs.pipe_file(f"{storage.folder(Attempt(1, 0))}/a.bin", b"x" * 9 + b"!")
-        assert storage.verify(committed) == [f"{committed.path}/a.bin does not match its SHA-256 in the manifest"]
+        assert storage.verify(committed) == [f"{committed.path}/a.bin does not match its checksum (xxh3_128) in the manifest"]
         assert storage.newest_whole(storage.committed()) == (
-            None, [(committed, [f"{committed.path}/a.bin does not match its SHA-256 in the manifest"])])
+            None, [(committed, [f"{committed.path}/a.bin does not match its checksum (xxh3_128) in the manifest"])])
         assert storage.sweep(lambda attempt: attempt == committed.attempt) == [Attempt(2, 0)]
         assert storage.delete(Attempt(1, 0))
         assert storage.attempts() == []

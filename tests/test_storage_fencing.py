@@ -76,7 +76,7 @@ def test_a_stale_generation_writes_its_own_folder_and_never_changes_a_commit(sto
 @pytest.mark.timeout(60)
 def test_a_commit_is_refused_when_the_stored_files_do_not_match_what_their_writers_reported(storage):
     facts = storage.write_part(2, {"shard_0": b"0" * 10}, generation=3)
-    missing = {**facts, "shard_1": {"size": 7, "sha256": "0" * 64}}  # its writer's upload never landed
+    missing = {**facts, "shard_1": {"size": 7, "xxh3_128": "0" * 32}}  # its writer's upload never landed
     with pytest.raises(CommitRefused, match="shard_1 is not stored"):
         storage.commit(2, _manifest(2, 3, missing))
     other = file_facts({"shard_0": b"0" * 12})  # another writer's file under this name

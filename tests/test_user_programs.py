@@ -270,7 +270,7 @@ def test_a_corrupt_copy_in_memory_is_found_where_it_is_served_and_the_run_resume
     result, lines, timeline = fit_fsdp2(run_dirs, 3, corrupt=(10, "__0_0.distcp"))
     corrupt = [e for e in result.events if e["kind"] == "checkpoint_copy_corrupt"]
     assert corrupt and {(e["index"], e["name"]) for e in corrupt} == {(10, "__0_0.distcp")}, timeline
-    assert "does not match its SHA-256" in corrupt[0]["problem"], corrupt
+    assert "does not match its checksum (xxh3_128)" in corrupt[0]["problem"], corrupt
     generations = [e for e in result.events if e["kind"] == "generation" and e["generation"] > 0]
     assert [(e["resume_from"], e["resume_index"]) for e in generations] == [("memory", 10), ("storage", 10)], timeline
 

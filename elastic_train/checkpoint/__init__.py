@@ -4,7 +4,7 @@ verify and load a run's committed checkpoints from outside it.
 
     checkpoint.py   the `Checkpoint` handle (a directory or a dict)
     modes.py        how report() stores a checkpoint (CheckpointUploadMode, ...)
-    manifest.py     the commit record: files with size and SHA-256, step, world size, metrics
+    manifest.py     the commit record: files with size and checksum, step, world size, metrics
     layout.py       a folder per attempt at a checkpoint (`Attempt`), `CommittedCheckpoint`
     filesystems.py  opening storage: fsspec URLs, pyarrow filesystems and pyarrow-style URIs
     retry.py        transient vs permanent storage errors, backoff with jitter

@@ -1,7 +1,7 @@
 """`Checkpoint`: a directory of files (local or in fsspec storage) or an in-memory dict.
 
 A checkpoint opened from a run's storage carries its manifest: reading it reads only the files the
-manifest lists, and checks each against its size and SHA-256.
+manifest lists, and checks each against its size and checksum.
 
 A dict checkpoint is stored as one file, `dict_checkpoint.pt`, written with `torch.save` and read
 back with `torch.load(weights_only=True)`, so nothing from a checkpoint is ever unpickled as code.

@@ -41,7 +41,7 @@ class ReportEntry:
     # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
     # rank died with its report on the way (closed when the generation ended).
     made_by_all: bool = False
-    # worker id -> name -> {"size", "sha256"} of the copy it holds, as made with the bytes (as they were
+    # worker id -> name -> {"size", "xxh3_128"} of the copy it holds, as made with the bytes (as they were
     # reported, or as a live part was serialized; told as it parks, or with a replica): a resume from
     # memory checks each file it is served against them.
     copies: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)

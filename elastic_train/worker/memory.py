@@ -1,5 +1,5 @@
 """The checkpoint parts this worker holds in memory: its own reports' and its peers' replicas, by
-(generation, report index), each with its files' facts (size, SHA-256). Survivors resume from them,
+(generation, report index), each with its files' facts (size, checksum). Survivors resume from them,
 serve them to peers and hand them over; the newest few are kept (`ElasticConfig.checkpoints_in_memory`)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class CheckpointMemory:
     generation reports the same indices again, and a part of an older generation must never be served
     for one of a newer. A part is its files, or a dict checkpoint's live tensors (live_part.py), of
     which only the newest is kept: an older one holds the same tensors, moved on. Each part's files
-    have their facts (size, SHA-256), made with them in the background. A private live part (a sharded
+    have their facts (size, checksum), made with them in the background. A private live part (a sharded
     model's share, copied at its report) is kept as files are. Thread-safe."""
 
     def __init__(self, keep: int):

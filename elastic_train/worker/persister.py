@@ -41,7 +41,7 @@ class PartUpload:
     replaceable: bool = True  # a newer part may replace it while it waits
     final: bool = False  # what a failed run leaves behind (Stop.flush): stored whatever generation it is of
     dir_name: str | None = None  # the folder the report named; None: the attempt's own
-    # The files' size and SHA-256 as reported (or on their way): checked as they are stored.
+    # The files' size and checksum as reported (or on their way): checked as they are stored.
     facts: dict[str, dict[str, Any]] | Future[dict[str, dict[str, Any]]] | None = None
 
 

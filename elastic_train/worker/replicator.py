@@ -24,7 +24,7 @@ from elastic_train.worker.live_part import LivePart
 logger = logging.getLogger(__name__)
 
 
-Facts = Future[dict[str, dict[str, Any]]] | None  # a part's files' size and SHA-256, made in the background
+Facts = Future[dict[str, dict[str, Any]]] | None  # a part's files' size and checksum, made in the background
 
 
 Copy = tuple[Any, HeldCheckpoint, "dict[str, bytes] | LivePart", Facts]  # (peer, held, files or a private live part, facts)
