@@ -229,6 +229,9 @@ class Report:
     pace: Pace | None = None
     # A live dict part: whether its rank found it due to be stored (never a kept state's); None: the cadence's call.
     store: bool | None = None
+    # The ranks that reported a checkpoint part here, as its barrier agreed (None: none did, or unknown):
+    # a rank that died with this report on its way then took no part of it with it.
+    part_ranks: list[int] | None = None
 
 
 @dataclass

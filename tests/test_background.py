@@ -4,13 +4,14 @@ what was handed over before it, not for a loop that keeps handing over more to p
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
 from elastic_train.protocol import HeldCheckpoint
 from elastic_train.worker.persister import PartUpload, Persister
-from elastic_train.worker.replicator import Replicator
+from elastic_train.worker.replicator import INLINE_BYTES, Replicator, as_pieces, from_pieces
 
 
 def _held(index: int) -> HeldCheckpoint:
@@ -59,6 +60,29 @@ def test_the_replicator_copies_the_newest_part_and_a_flush_waits_only_for_what_c
     release.set()
     replicator._thread.join(5)
     assert not replicator._thread.is_alive() and sent == [0, 2, 3, 4, 5]
+
+
+@pytest.mark.timeout(30)
+def test_a_part_stored_first_is_not_copied_and_a_copied_one_is_marked_safe():
+    sent: list[int] = []
+    replicator = Replicator(lambda peer, held, files: sent.append(held.index))
+    stored = threading.Event()
+    stored.set()
+    replicator.submit("peer", _held(1), {"model.pt": b"1"}, None, stored)
+    assert replicator.flush(5) and sent == []  # storage had it first: no copy
+    safe = threading.Event()
+    replicator.submit("peer", _held(2), {"model.pt": b"2"}, None, safe)
+    assert safe.wait(5) and replicator.flush(5) and sent == [2]  # copied: the report waiting on it goes on
+    replicator.close()
+
+
+@pytest.mark.timeout(10)
+def test_a_small_part_travels_in_pieces_and_is_joined_whole():
+    files = {"model.pt": os.urandom(300_000), "empty": b"", "meta.json": b"{}"}
+    pieces = as_pieces(files)
+    assert pieces is not None and max(len(p) for _, p in pieces) <= 64 << 10
+    assert from_pieces(tuple(pieces)) == files
+    assert as_pieces({"big": bytes(INLINE_BYTES + 1)}) is None
 
 
 @pytest.mark.timeout(30)

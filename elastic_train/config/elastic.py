@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from elastic_train.errors import ConfigError
 
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
+_MAY_BE_ZERO_S = ("part_safe_wait_s",)  # 0: not at all
 
 
 def _check_positive(owner: str, name: str, value: float) -> None:
@@ -92,6 +93,13 @@ class ElasticConfig:
     replicate_checkpoints: bool = True
     """Each reported part is also kept in the memory of the next rank (`worker/replicator.py`), so losing
     one worker loses no in-memory checkpoint; it doubles the memory checkpoints take."""
+    part_safe_wait_s: float = 0.05
+    """A report of a folder's files that the ranks store themselves (no cadence: every checkpoint is
+    stored) returns once this rank's part is safe beyond its process, copied to the buddy or stored,
+    whichever comes first, or after this long: a worker lost right after its report then loses
+    none of it, and at most one step is redone. A part that takes longer goes on in the background.
+    0 does not wait: a worker lost within the few milliseconds it takes may lose that report's part
+    (one more step redone), for a report that costs ~4 ms less here (benchmarks/RESULTS.md)."""
     snapshot_memory_retain_mb: int | None = 512
     """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
     `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""
@@ -142,8 +150,11 @@ class ElasticConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            if f.name.endswith("_s") and not (f.name in _OPTIONAL_S and getattr(self, f.name) is None):
-                _check_positive("ElasticConfig", f.name, getattr(self, f.name))
+            value = getattr(self, f.name)
+            if f.name in _MAY_BE_ZERO_S and value == 0 or f.name in _OPTIONAL_S and value is None:
+                continue
+            if f.name.endswith("_s"):
+                _check_positive("ElasticConfig", f.name, value)
         if not self.straggler_factor > 1:
             raise ConfigError(f"ElasticConfig.straggler_factor={self.straggler_factor!r} must be above 1: a rank "
                               "is a straggler when its step takes that many times its peers' median.")

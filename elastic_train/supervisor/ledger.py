@@ -41,6 +41,7 @@ class ReportEntry:
     # survivor holds the state (unagreed); or its barrier passed (every report is sent after it) and a
     # rank died with its report on the way (closed when the generation ended).
     made_by_all: bool = False
+    part_ranks: set[int] | None = None  # the ranks that reported a part, as the report's barrier agreed
     # worker id -> name -> {"size", "xxh3_128"} of the copy it holds, as made with the bytes (as they were
     # reported, or as a live part was serialized; told as it parks, or with a replica): a resume from
     # memory checks each file it is served against them.
@@ -54,12 +55,15 @@ class ReportEntry:
 
     @property
     def whole(self) -> bool:
-        """Its files are known: every rank reported, or it was made by all and any one dict part is the
+        """Its files are known: every rank reported, or it was made by all and every rank its barrier
+        agreed held a part reported it (`part_ranks`), or any one dict part is the
         whole checkpoint (ranks that report the same name report the same content), or every rank's
         share of a sharded model's kept state is held (a rank's share is held, and copied to its
         buddy, as it is reported: one that died with its report on the way left its share behind)."""
         if self.complete:
             return True
+        if self.made_by_all and self.part_ranks is not None and self.part_ranks <= set(self.parts):
+            return True  # every part its barrier agreed on is here: the missing reports had none
         known = self.names.union(*self.replicas.values())
         return self.made_by_all and bool(self.parts) and (self.names <= DICT_PART_NAMES or self.shares <= known)
 

@@ -110,6 +110,8 @@ class Reports:
         if report.pace is not None:
             self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace
         entry.dir_name = entry.dir_name or report.dir_name
+        if report.part_ranks is not None:
+            entry.part_ranks = set(report.part_ranks)
         if report.stored_by_loop:  # the loop stored it itself: committed once a rank has listed it (`part_stored`)
             entry.stored_by_loop = True
             entry.stored_by_ranks.add(w.rank)

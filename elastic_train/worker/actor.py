@@ -30,7 +30,7 @@ from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.holdings import Holdings
-from elastic_train.worker.replicator import Facts
+from elastic_train.worker.replicator import Facts, as_pieces, from_pieces
 from elastic_train.worker.report_sender import ReportSender
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
@@ -143,9 +143,10 @@ class TrainWorker:
         it keeps for a peer."""
         return self._held.read(generation, index, names)
 
-    def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+    def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes] | None, *pieces: tuple[str, bytes]) -> None:
         """Keep a peer's checkpoint part (with the facts it was reported with), and tell the
-        supervisor this worker holds it."""
+        supervisor this worker holds it. A small part comes in `pieces` (replicator.py `as_pieces`)."""
+        files = files if files is not None else from_pieces(pieces)
         running = held.generation == self._generation
         self._held.hold_replica(held, files, running)
         self._supervisor.replica_held.remote(self.worker_id, held.generation, held.index, held.names, not running,
@@ -289,7 +290,8 @@ class TrainWorker:
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
                                             self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
                                             self._spec.elastic.recover_in_place, self._spec.backend,
-                                            self._spec.elastic.sharded_state_budget, self._spec.datasets),
+                                            self._spec.elastic.sharded_state_budget, self._spec.datasets,
+                                            self._spec.elastic.part_safe_wait_s),
                                _Host(self))
         set_session(session)
         self._session = session
@@ -343,16 +345,20 @@ class TrainWorker:
             outcome.unagreed = unagreed
         return outcome
 
-    def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts) -> None:
-        """A reported part: held in memory, and with `replicate` copied to the generation's buddy."""
+    def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts,
+              safe: threading.Event | None = None) -> None:
+        """A reported part: held in memory, and with `replicate` copied to the generation's buddy
+        (unless it is `safe` in storage first: holdings.py)."""
         buddy = self._assignment.buddy if replicate and self._assignment is not None else None
-        self._held.hold(held, part, facts, buddy)
+        self._held.hold(held, part, facts, buddy, safe)
 
     def _send_reports(self, batch: list[Report]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
 
     def _send_replica(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
-        ray.get(peer.hold_replica.remote(held, files), timeout=self._spec.elastic.drain_timeout_s)
+        pieces = as_pieces(files)
+        sent = peer.hold_replica.remote(held, files) if pieces is None else peer.hold_replica.remote(held, None, *pieces)
+        ray.get(sent, timeout=self._spec.elastic.drain_timeout_s)
 
     def _on_supervisor_gone(self) -> None:
         """The supervisor is dead for good (restarts spent, or the driver died): this worker is an orphan.

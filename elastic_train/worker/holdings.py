@@ -9,6 +9,7 @@ survives, and the older one adds nothing (docs/sharded_state.md)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterable
 
 from elastic_train.protocol import HeldCheckpoint
@@ -39,15 +40,17 @@ class Holdings:
         known = {**self.replicas.facts(generation, index), **self.own.facts(generation, index)}
         return {name: known[name] for name in names if name in known}
 
-    def hold(self, held: HeldCheckpoint, part: Part, facts: Facts, buddy: Any) -> None:
+    def hold(self, held: HeldCheckpoint, part: Part, facts: Facts, buddy: Any,
+             safe: threading.Event | None = None) -> None:
         """A reported part: held in memory, and its files copied to `buddy` (None: none) in the
-        background, with their facts (on their way). A live part is not copied: its tensors change
-        under the copy (live_part.py); unless it is private (a sharded model's share, a copy already)."""
+        background, with their facts (on their way); unless `safe` (set once storage holds it) is
+        set first, and set once the buddy holds it (replicator.py). A live part is not copied: its tensors change under the copy
+        (live_part.py); unless it is private (a sharded model's share, a copy already)."""
         self.own.put(held, part, facts=facts)
         if not isinstance(part, dict) and part.private:
             self._newest_share = (held.generation, held.index)
         if buddy is not None and (isinstance(part, dict) or part.private):
-            self._replicator.submit(buddy, held, part, facts)
+            self._replicator.submit(buddy, held, part, facts, safe)
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes], running: bool) -> None:
         """Keep a peer's part. While this worker's generation runs (`running`), older parts give way:

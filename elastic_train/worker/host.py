@@ -8,6 +8,7 @@ the session free of the worker's internals and says in one place what it relies 
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
@@ -33,6 +34,7 @@ class SessionSetup:
     backend: str = "gloo"  # the run's process groups' (in place is gloo's)
     sharded_state_budget: float = 0.05  # ElasticConfig.sharded_state_budget
     datasets: Mapping[str, Any] = field(default_factory=dict)  # TorchTrainer(datasets=): ingest/config.py DatasetSource
+    part_safe_wait_s: float = 0.05  # ElasticConfig.part_safe_wait_s
 
 
 class SessionHost(Protocol):
@@ -41,8 +43,9 @@ class SessionHost(Protocol):
     supervisor: Any  # the supervisor's actor handle: the session asks it what every rank must know alike
 
     def hold(self, held: HeldCheckpoint, part: Part, replicate: bool,
-             facts: Future[dict[str, dict[str, Any]]] | None) -> None:
-        """Hold a reported part in memory; with `replicate`, copy its files to the buddy (`facts`: on their way)."""
+             facts: Future[dict[str, dict[str, Any]]] | None, safe: threading.Event | None = None) -> None:
+        """Hold a reported part in memory; with `replicate`, copy its files to the buddy (`facts`: on
+        their way), unless `safe` (set once the part is stored) is set first; set it once copied."""
 
     def replication_s(self) -> float | None:
         """How long the last copy of a part to the buddy took; None while one is on its way."""

@@ -51,6 +51,7 @@ class _Pending:
             self._sent = True
             if agreed.some_part:  # a peer reports a checkpoint: the run resumes from that, not a kept state
                 self.made.report.names = None
+                self.made.report.part_ranks = list(agreed.part_ranks)
             self._host.send_report(self.made.report, agreed.round_trip)
 
 

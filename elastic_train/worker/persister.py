@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from elastic_train.checkpoint.manifest import CorruptCheckpointError
@@ -43,6 +44,7 @@ class PartUpload:
     dir_name: str | None = None  # the folder the report named; None: the attempt's own
     # The files' size and checksum as reported (or on their way): checked as they are stored.
     facts: dict[str, dict[str, Any]] | Future[dict[str, dict[str, Any]]] | None = None
+    safe: threading.Event = field(default_factory=threading.Event)  # set once stored (the supervisor knows), or copied
 
 
 class PartObsolete(Exception):

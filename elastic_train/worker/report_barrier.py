@@ -4,8 +4,9 @@ Every rank calls `report()` alike (as in Ray Train), and reports are made in loc
 leaves report `k + 1` before every rank has made report `k`, so a lost peer's last report is at
 most one behind the survivors'. The barrier is one all-reduce of a few flags (`Agreement`) over the
 group the loop already has, carrying what every rank must decide alike: a checkpoint for the
-supervisor to decide on, an unwind (the group is being resized), which ranks report parts, a live
-part due to be stored. A plain report issues its all-reduce and returns, the next report waits for
+supervisor to decide on, an unwind (the group is being resized), which ranks report parts (each
+rank's bit: a survivor's report then tells the supervisor who held a part, and a rank that died
+with its report on the way took none with it), a live part due to be stored. A plain report issues its all-reduce and returns, the next report waits for
 it; a report that must decide waits at once. docs/report_barrier.md: the flags and the costs.
 """
 
@@ -33,6 +34,7 @@ class Agreed:
     store_live: bool  # some rank's live dict part is due to be stored
     some_part: bool = False  # some rank reports a checkpoint part
     grow: bool = False  # some rank was asked to leave at the first report that carries a checkpoint (newcomers join)
+    part_ranks: tuple[int, ...] = ()  # the ranks that report a checkpoint part
 
     @property
     def round_trip(self) -> bool:
@@ -71,8 +73,13 @@ def pipelines() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() == "gloo"
 
 
+_FLAGS = 6  # checkpoint, unwind, no part, store_live, part, grow; then the part holders' bits
+_BITS = 62  # ranks per int64 word of the part holders' bits (a sum of distinct bits is their union)
+
+
 class Agreement:
-    """One report's flags, all-reduced (MAX) over the group: issued by `issue`, read by `result`."""
+    """One report's flags, all-reduced (SUM: a flag is set where some rank set it) over the group:
+    issued by `issue`, read by `result`."""
 
     def __init__(self, flags: torch.Tensor, work: dist.Work | None):
         self._flags = flags
@@ -85,9 +92,12 @@ class Agreement:
         return self._read()
 
     def _read(self) -> Agreed:
-        any_checkpoint, any_unwind, some_without, any_store_live, any_part, any_grow = self._flags.tolist()
+        values = self._flags.tolist()
+        any_checkpoint, any_unwind, some_without, any_store_live, any_part, any_grow = values[:_FLAGS]
+        part_ranks = tuple(word * _BITS + bit for word, bits in enumerate(values[_FLAGS:])
+                           for bit in range(_BITS) if bits >> bit & 1)
         return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part),
-                      bool(any_grow))
+                      bool(any_grow), part_ranks)
 
     def on_passed(self, fn: Callable[[Agreed], None]) -> None:
         """Call `fn` with the agreement once the all-reduce passed, on the thread that completes it
@@ -113,10 +123,14 @@ def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bo
     alone = not dist.is_initialized() or dist.get_world_size() == 1
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     nccl = not alone and dist.get_backend() == "nccl"
-    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow)],
-                         dtype=torch.int32,
+    rank, size = (0, 1) if alone else (dist.get_rank(generation_group()), dist.get_world_size(generation_group()))
+    holders = [0] * -(-size // _BITS)
+    if part:
+        holders[rank // _BITS] = 1 << rank % _BITS
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow), *holders],
+                         dtype=torch.int64,
                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
-    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True, group=generation_group()))
+    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.SUM, async_op=True, group=generation_group()))
 
 
 def every_rank(*flags: bool) -> tuple[bool, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from elastic_train.checkpoint.checkpoint import DICT_PART_NAMES
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.worker.report_barrier import Agreed, all_wait, goes_on
 
@@ -29,7 +30,7 @@ class ReportPlan:
     carries: Carries
     mode: CheckpointUploadMode  # NO_UPLOAD once the user's upload_fn stored it
     decide: bool  # a checkpoint the supervisor decides on (its storing): every rank asks it
-    store: bool | None  # the report's `store` (a live part due to be stored); None: the supervisor's call
+    store: bool | None  # the report's `store` (a live part due, or files the ranks store); None: the supervisor's call
 
     @property
     def checkpoint(self) -> bool:
@@ -50,16 +51,27 @@ class ReportPlan:
         """SYNC and NO_UPLOAD: report() returns once the checkpoint is committed."""
         return self.checkpoint and self.mode is not CheckpointUploadMode.ASYNC
 
+    def decides(self, names: list[str] | None) -> bool:
+        """Does this rank ask the supervisor to decide on the report (the barrier's `checkpoint` flag)?
+        As planned, and for files the ranks would store themselves that are named as a dict part's:
+        only the lowest rank stores those (supervisor/ledger.py `uploaders`), which the supervisor says."""
+        return self.decide or (self.carries is Carries.FILES and names is not None and set(names) <= DICT_PART_NAMES)
+
     def goes_on(self, unwind_due: bool, previous: Agreed | None, pipelined: bool) -> bool:
         """Does the loop go on before the barrier passes (report_barrier.py `goes_on`)?"""
         return goes_on(not self.checkpoint, unwind_due, previous, pipelined)
 
 
 def plan_report(*, checkpoint: bool, in_memory: bool, mode: CheckpointUploadMode, user_upload: bool, named: bool,
-                keeps_state: bool, live_due: bool) -> ReportPlan:
+                keeps_state: bool, live_due: bool, stores_every: bool = False) -> ReportPlan:
     """The plan of a report with (`checkpoint`) or without a checkpoint. `in_memory`: a
     `Checkpoint.from_dict`; `user_upload`: the loop passed an upload_fn; `named`: a checkpoint_dir_name;
-    `keeps_state`: prepare_model(live_state=True); `live_due`: the cadence finds a live part due now."""
+    `keeps_state`: prepare_model(live_state=True); `live_due`: the cadence finds a live part due now;
+    `stores_every`: no cadence, every checkpoint is stored (`CheckpointConfig.stores_every`).
+
+    Without a cadence, the ranks need no one to decide on an ASYNC folder's files either: each stores
+    its part, as the supervisor would have told it, and no rank waits for a round trip (~5 ms a
+    report on 2 cores: benchmarks/RESULTS.md). A named one, and a SYNC one, still ask."""
     if checkpoint and user_upload:
         mode = CheckpointUploadMode.NO_UPLOAD
     if not checkpoint:
@@ -71,9 +83,11 @@ def plan_report(*, checkpoint: bool, in_memory: bool, mode: CheckpointUploadMode
     else:
         carries = Carries.FILES
     live = carries in (Carries.LIVE, Carries.KEPT)
-    store = (carries is Carries.LIVE and live_due) if live else None
-    # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named).
-    decide = checkpoint and (carries is not Carries.LIVE or named)
+    ranks_store = stores_every and carries is Carries.FILES and mode is CheckpointUploadMode.ASYNC and not named
+    store = (carries is Carries.LIVE and live_due) if live else (True if ranks_store else None)
+    # The supervisor decides on a checkpoint's storage, except for a live dict part (unless named) and
+    # files the ranks store themselves.
+    decide = checkpoint and not ranks_store and (carries is not Carries.LIVE or named)
     return ReportPlan(carries, mode, decide, store)
 
 
@@ -87,6 +101,7 @@ class AfterBarrier:
     store: bool | None  # the report's `store` as sent in a batch
     stores_live: bool  # sent in a batch, every rank's live part due: the cadence starts again
     uploads_live: bool  # ... and this rank (rank 0) stores its part now
+    uploads_files: bool  # sent in a batch, this rank's files: it stores them now (`plan_report`'s `stores_every`)
     keeps_unstored: bool  # sent in a batch, not stored: this rank stores its live part if the loop ends here
     unwind: bool  # leave the group after this report (or after the supervisor's reply asks it)
 
@@ -108,6 +123,7 @@ def after_barrier(plan: ReportPlan, agreed: Agreed, *, previous: Agreed | None, 
         store=agreed.store_live if plan.carries is Carries.LIVE else plan.store,
         stores_live=stores_live,
         uploads_live=stores_live and rank == 0,
+        uploads_files=batched and plan.carries is Carries.FILES,
         keeps_unstored=batched and not stores_live and plan.carries is Carries.LIVE
         and (rank == 0 or not agreed.every_part),
         unwind=together and leaves(agreed, kept=plan.carries is Carries.KEPT),

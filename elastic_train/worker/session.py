@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Callable, TypeVar
 
 import ray
@@ -96,7 +97,8 @@ class TrainSession:
         generation, rank = self.context.assignment.generation, self.context.assignment.rank
         plan = plan_report(checkpoint=checkpoint is not None, in_memory=checkpoint is not None and checkpoint.in_memory,
                            mode=mode, user_upload=upload_fn is not None, named=dir_name is not None,
-                           keeps_state=self._kept is not None, live_due=self._storing.live_due())
+                           keeps_state=self._kept is not None, live_due=self._storing.live_due(),
+                           stores_every=self._setup.checkpointing.stores_every)
         files, live = None, None
         stepped = self._lockstep.stepped()  # before the report's collectives (a sharded kept state's, the barrier's)
         copy_share = self._shares is not None and self._shares.due(checkpoint is None, self.index, generation)
@@ -120,22 +122,32 @@ class TrainSession:
         if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelines()):
             self._barrier(made, lambda: self._lockstep.go_on(made))
             return
-        agreed = self._barrier(made, lambda: self._lockstep.agree(made, plan.decide, plan.part, bool(plan.store)))
+        agreed = self._barrier(made, lambda: self._lockstep.agree(made, plan.decides(names), plan.part,
+                                                                  plan.carries is Carries.LIVE and bool(plan.store)))
         generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
+        report.part_ranks = list(agreed.part_ranks) if agreed.some_part else None
         held = made.held
         after = after_barrier(plan, agreed, previous=previous, pipelined=pipelined,
                               leaving_here=self._leaving_at == self.index, rank=rank)
         if after.drops_kept:
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
+        # No cadence: every rank stores its part of files, as the supervisor would say, and copies it to
+        # the buddy; the report returns once either holds it (ElasticConfig.part_safe_wait_s).
+        upload = PartUpload(generation, self.index, files, facts=facts, replaceable=self._setup.checkpointing.replaceable
+                            ) if after.uploads_files else None
         if held is not None and not (live is not None and live.private):  # held (and replicated) once agreed
-            self._host.hold(held, files if files is not None else live, replicate, facts)
+            self._host.hold(held, files if files is not None else live, replicate, facts,
+                            upload.safe if upload is not None else None)
         if plan.carries is Carries.LIVE:
             self._storing.live_reported()
         if not after.round_trip:  # the supervisor records it in the background
             report.store = after.store
-            self._host.send_report(report, False)
-            if after.stores_live:  # every rank holds its live part: rank 0's is stored
+            self._host.send_report(report, upload is not None)
+            if upload is not None:
+                self._storing.store_files(upload)
+                self._until_safe(upload)
+            elif after.stores_live:  # every rank holds its live part: rank 0's is stored
                 self._storing.live_stored()
                 if after.uploads_live:
                     files, facts = self._storing.copy_live(held, live, replicate)
@@ -155,6 +167,15 @@ class TrainSession:
             self._storing.wait_committed(self.index)
         if after.unwind or (after.together and unwind):
             self._leave_report()
+
+    def _until_safe(self, upload: PartUpload) -> None:
+        """Wait until this rank's part is safe beyond its process (copied to the buddy, or stored) and
+        its report recorded: a worker lost as its report returns then takes nothing with it, as when
+        the supervisor decided (its round trip took that long). At most part_safe_wait_s; 0: no wait."""
+        wait_s = self._setup.part_safe_wait_s
+        deadline = time.monotonic() + wait_s
+        if wait_s and upload.safe.wait(wait_s):
+            self._host.flush_reports(max(0.0, deadline - time.monotonic()))
 
     def _kept_part(self, copy_share: bool) -> LivePart | None:
         """The kept state's part of this report: a replicated model's tensors, held by reference; a

@@ -87,6 +87,11 @@ class PartStoring:
         self._host.hold(held, files, replicate, facts)
         return files, facts
 
+    def store_files(self, part: PartUpload) -> None:
+        """A part of files stored without asking the supervisor (no cadence): the newest is stored."""
+        self._unstored = None
+        self.upload(part)
+
     def upload(self, part: PartUpload) -> None:
         """Hand a part to the persister (it waits for room in the upload queue)."""
         waited = self._host.store(part)

@@ -67,6 +67,7 @@ class Uploads:
         self._flush_reports(self._elastic.persist_flush_timeout_s)
         # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
         ray.get(self._supervisor.part_stored.remote(self._worker_id, part.generation, part.index, facts, upload_s))
+        part.safe.set()
 
     def _given_up(self, part: PartUpload, error: Exception) -> None:
         self._supervisor.persist_given_up.remote(self._worker_id, part.generation, part.index, str(error))
