@@ -63,10 +63,12 @@ class Checkpointing:
     (`Checkpoint.from_dict`: held in memory, serialized only to be stored or for a recovery), and every
     `every`-th report is stored (`CheckpointConfig.persist_every_n_reports`). With `every` 0 no system
     reports a checkpoint: elastic_train keeps its model and optimizer live
-    (`prepare_model(model, live_state=True)`); Ray Train, with nothing to resume from, starts over."""
+    (`prepare_model(model, live_state=True)`); Ray Train, with nothing to resume from, starts over.
+    `part_safe_wait_s`: elastic_train's `ElasticConfig.part_safe_wait_s` (None: its default)."""
 
     every: int = 1
     live: bool = False
+    part_safe_wait_s: float | None = None
 
     def loop_config(self) -> dict[str, Any]:
         return {"checkpoint_every": self.every, "live": self.live}
@@ -74,11 +76,15 @@ class Checkpointing:
     def elastic_config(self) -> et.CheckpointConfig | None:
         return et.CheckpointConfig(persist_every_n_reports=self.every) if self.live else None
 
+    def elastic_runtime(self) -> et.ElasticConfig:
+        return et.ElasticConfig(**({} if self.part_safe_wait_s is None else {"part_safe_wait_s": self.part_safe_wait_s}))
+
     def describe(self) -> str:
         if self.every == 0:
             return "no checkpoint in the loop (elastic_train: its model and optimizer kept live)"
         stored = f"a checkpoint every {self.every} step(s)"
-        return f"elastic_train: live state every step, {stored} stored; others: {stored}" if self.live else stored
+        described = f"elastic_train: live state every step, {stored} stored; others: {stored}" if self.live else stored
+        return described + ("" if self.part_safe_wait_s is None else f"; part_safe_wait_s={self.part_safe_wait_s:g}")
 
 
 def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
@@ -88,13 +94,16 @@ def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live", action="store_true",
                         help="elastic_train: every rank reports its live state every step (Checkpoint.from_dict), "
                              "every --checkpoint-every-th stored")
+    parser.add_argument("--part-safe-wait-s", type=float, default=None,
+                        help="elastic_train's ElasticConfig.part_safe_wait_s (default: its own; 0: a report returns "
+                             "before its part is copied or stored)")
 
 
 def chosen_checkpointing(args: argparse.Namespace) -> Checkpointing:
     if args.checkpoint_every < 0 or (args.live and args.checkpoint_every == 0):
         raise SystemExit("--checkpoint-every must be at least 1 with --live (the live state's storing cadence), "
                          "and 0 or more without it")
-    return Checkpointing(args.checkpoint_every, args.live)
+    return Checkpointing(args.checkpoint_every, args.live, args.part_safe_wait_s)
 
 
 def reported_step(result: Any) -> int | None:

@@ -124,7 +124,8 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
                 scaling_config=et.ScalingConfig(num_workers=workers if fixed else (1, workers)), datasets=datasets,
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=kills + 2),
-                                        checkpoint_config=checkpointing.elastic_config()),
+                                        checkpoint_config=checkpointing.elastic_config(),
+                                        elastic_config=checkpointing.elastic_runtime()),
             ).fit()
         wall = time.monotonic() - started
     finally:

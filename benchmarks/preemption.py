@@ -201,7 +201,8 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
                 scaling_config=et.ScalingConfig(num_workers=(1, NUM_WORKERS)),
                 run_config=et.RunConfig(storage_path=storage, name=name,
                                         failure_config=et.FailureConfig(max_failures=budget),
-                                        checkpoint_config=checkpointing.elastic_config()),
+                                        checkpoint_config=checkpointing.elastic_config(),
+                                        elastic_config=checkpointing.elastic_runtime()),
             ).fit()
             final_step = reported_step(result)
             noticed = [e["time"] for e in result.events if e["kind"] == "worker_lost"]

@@ -64,6 +64,22 @@ def test_a_resume_plan_carries_each_served_copys_facts_and_a_copy_found_corrupt_
 
 
 @pytest.mark.timeout(10)
+def test_a_checkpoint_whose_lost_rank_died_with_its_report_is_whole_if_its_barrier_says_that_rank_held_no_part():
+    """Rank 0 alone reports a folder; rank 1's report of it died with rank 1 (reports without a part
+    are sent in batches). Rank 0's report says, from the barrier's all-reduce, that only rank 0 held
+    a part: once the generation closes, the checkpoint is whole and resumed from. Had rank 1 held a
+    part too, it is not: its files are unknown."""
+    for holders, whole in (([0], True), ([0, 1], False)):
+        ledger = CheckpointLedger(2)
+        entry = ledger.record(0, 2, 6, 0, 10, ["checkpoint.pt"], {"step": 6}, [])
+        entry.part_ranks = set(holders)
+        assert not entry.whole  # rank 1's report may still come
+        ledger.close(0)
+        assert entry.whole is whole
+        assert (ledger.resume_plan({10}) is not None) is whole
+
+
+@pytest.mark.timeout(10)
 def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reported():
     memory = CheckpointMemory(keep=2)
     files = {"model.pt": b"weights"}

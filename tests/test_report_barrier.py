@@ -71,7 +71,7 @@ def _rank_main(rank: int, port: int, case: str, peer: Any, conn: Any) -> None:
             if case == "peer_gone":
                 conn.send({})
                 os._exit(0)  # its connections close with it, its share never sent
-            conn.send({"result": issue(True, False, False, False).result()})  # a checkpoint: waits at once
+            conn.send({"result": issue(True, False, True, False).result()})  # a checkpoint part: waits at once
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the test
         conn.send({"error": traceback.format_exc()})
@@ -85,11 +85,13 @@ def _run(case: str) -> list[dict]:
 @pytest.mark.timeout(90)
 def test_a_report_that_goes_on_learns_a_peers_checkpoint_as_its_barrier_passes():
     """Rank 0 reports plainly and goes on; rank 1, which issues only after that, reports a checkpoint
-    and waits. Both read the same agreement, rank 0 from the callback that sends its report to the
-    supervisor (urgently: rank 1's round trip waits for it)."""
+    part and waits. Both read the same agreement, rank 0 from the callback that sends its report to
+    the supervisor (urgently: rank 1's round trip waits for it), and both learn that rank 1 alone
+    holds a part (a survivor's report tells the supervisor so)."""
     going_on, waiting = _run("passed")
     assert "error" not in going_on and "error" not in waiting, (going_on, waiting)
-    expected = Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False, some_part=False)
+    expected = Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False, some_part=True,
+                      part_ranks=(1,))
     assert going_on["passed"] == [expected] and going_on["result"] == expected
     assert waiting["result"] == expected and expected.round_trip and expected.notable
 

@@ -15,9 +15,9 @@ PLAIN = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=Fals
 
 
 def _plan(checkpoint: bool = True, in_memory: bool = False, mode: CheckpointUploadMode = ASYNC, user_upload: bool = False,
-          named: bool = False, keeps_state: bool = False, live_due: bool = False) -> ReportPlan:
+          named: bool = False, keeps_state: bool = False, live_due: bool = False, stores_every: bool = False) -> ReportPlan:
     return plan_report(checkpoint=checkpoint, in_memory=in_memory, mode=mode, user_upload=user_upload, named=named,
-                       keeps_state=keeps_state, live_due=live_due)
+                       keeps_state=keeps_state, live_due=live_due, stores_every=stores_every)
 
 
 @pytest.mark.timeout(10)
@@ -39,6 +39,27 @@ def test_what_a_report_carries(kwargs, carries, decide, store, waits_commit):
     assert (plan.carries, plan.decide, plan.store, plan.waits_commit) == (carries, decide, store, waits_commit)
     assert plan.part is (carries in (Carries.FILES, Carries.LIVE))
     assert plan.checkpoint is kwargs.get("checkpoint", True)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kwargs, ranks_store", [
+    (dict(), True),  # every checkpoint stored: each rank stores its folder's files, no one asks
+    (dict(named=True), False),  # a named folder: the supervisor says which name
+    (dict(mode=SYNC), False),  # SYNC waits for its commit through the supervisor
+    (dict(stores_every=False), False),  # a cadence: the supervisor chooses
+    (dict(in_memory=True), False),  # a live dict part: its ranks decide at the barrier, as before
+])
+def test_without_a_cadence_the_ranks_store_a_folders_files_themselves(kwargs, ranks_store):
+    plan = _plan(**{"stores_every": True, **kwargs})
+    assert (plan.store is True and not plan.decide and plan.carries is Carries.FILES) is ranks_store
+    agreed = Agreed(checkpoint=plan.decides(["model.pt"]), unwind=False, every_part=False, store_live=False,
+                    some_part=True, part_ranks=(0,))
+    after = _after(plan, agreed)
+    assert after.uploads_files is ranks_store
+    if plan.carries is not Carries.LIVE:  # a live part not due is batched too, and not uploaded
+        assert after.round_trip is not ranks_store
+    # Files named as a dict part's: only the lowest rank stores those, which the supervisor names.
+    assert _plan(stores_every=True).decides(["dict_checkpoint.pt"]) and not _plan(stores_every=True).decides(["a.pt"])
 
 
 @pytest.mark.timeout(10)

@@ -307,6 +307,7 @@ class TrainSession:
         """Every committed checkpoint of the run so far (after those this worker reported settle, or
         `timeout_s`, by default persist_flush_timeout_s)."""
         storage = self.context.storage
+        self._host.flush_reports(self._setup.settle_timeout_s)  # reports sent in batches are recorded first
         found = ray.get(self._host.supervisor.reported_checkpoints.remote(
             self.context.assignment.generation, self.index,
             self._setup.settle_timeout_s if timeout_s is None else timeout_s))
