@@ -143,7 +143,8 @@ class TrainSession:
             self._storing.live_reported()
         if not after.round_trip:  # the supervisor records it in the background
             report.store = after.store
-            self._host.send_report(report, upload is not None)
+            # Sent at once when the report waits for it to be recorded (`_until_safe`), else in a batch.
+            self._host.send_report(report, upload is not None and self._setup.part_safe_wait_s > 0)
             if upload is not None:
                 self._storing.store_files(upload)
                 self._until_safe(upload)
