@@ -314,19 +314,23 @@ def rank_0_saves_loop(config):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("scaling", [2, (1, 2)], ids=["fixed", "elastic"])
-def test_rank_0_checkpoints_every_third_step_and_rank_1_is_killed_between(local_ray, run_dirs, scaling):
+@pytest.mark.parametrize("scaling, safe_wait", [(2, None), ((1, 2), None), (2, 0)],
+                         ids=["fixed", "elastic", "fixed-nowait"])
+def test_rank_0_checkpoints_every_third_step_and_rank_1_is_killed_between(local_ray, run_dirs, scaling, safe_wait):
     """Ray Train's usual pattern with sparse checkpoints: rank 0 saves a folder every 3rd step, the
     other reports carry metrics (those report() calls leave before their barrier passes, the ones
     with a checkpoint wait: report_barrier.py). Rank 1 is SIGKILLed as step 8 starts: the run goes on
-    from step 6's checkpoint in memory, redoes step 7 alone, and every checkpoint is committed."""
+    from step 6's checkpoint in memory, redoes step 7 alone, and every checkpoint is committed. Rank
+    1's reports died in its batch: rank 0's say rank 0 alone held a part (`part_ranks`), so step 6's
+    checkpoint is whole without them; also where reports are never sent at once (`part_safe_wait_s=0`)."""
     steps, every = 24, 3
+    elastic = {} if safe_wait is None else {"elastic_config": train.ElasticConfig(part_safe_wait_s=safe_wait)}
     trainer = TorchTrainer(
         rank_0_saves_loop,
         train_loop_config={"steps": steps, "step_time": 0.05, "fault_step": 8, "checkpoint_every": every,
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=scaling),
-        run_config=RunConfig(name="run", storage_path=run_dirs["storage"]),
+        run_config=RunConfig(name="run", storage_path=run_dirs["storage"], **elastic),
     )
     result = fit_in_background(trainer)(200)
     timeline = assert_finished(result)
