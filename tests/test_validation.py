@@ -40,6 +40,7 @@ def loop(config):
         (lambda: et.ElasticConfig(drain_timeout_s=10, rendezvous_timeout_s=30),
          "drain_timeout_s=10 must exceed rendezvous_timeout_s=30.*Raise drain_timeout_s"),
         (lambda: et.ElasticConfig(progress_timeout_s=0), "progress_timeout_s must be a positive number"),
+        (lambda: et.ElasticConfig(part_safe_wait_s=-1), r"part_safe_wait_s must be 0 \(no wait\) or a positive number"),
         (lambda: et.ElasticConfig(process_group_destroy_timeout_s=25), "must be below rendezvous_timeout_s=20"),
         (lambda: et.ElasticConfig(progress_timeout_s=0.2),
          r"report_interval_s=0.25 must be below progress_timeout_s=0.2: the watchdog would take"),

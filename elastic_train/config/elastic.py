@@ -99,7 +99,7 @@ class ElasticConfig:
     whichever comes first, or after this long: a worker lost right after its report then loses
     none of it, and at most one step is redone. A part that takes longer goes on in the background.
     0 does not wait: a worker lost within the few milliseconds it takes may lose that report's part
-    (one more step redone), for a report that costs ~4 ms less here (benchmarks/RESULTS.md)."""
+    (one more step redone), for a report that costs ~5 ms less here (benchmarks/RESULTS.md)."""
     snapshot_memory_retain_mb: int | None = 512
     """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
     `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""
@@ -153,6 +153,9 @@ class ElasticConfig:
             value = getattr(self, f.name)
             if f.name in _MAY_BE_ZERO_S and value == 0 or f.name in _OPTIONAL_S and value is None:
                 continue
+            if f.name in _MAY_BE_ZERO_S and not (isinstance(value, (int, float)) and value > 0):
+                raise ConfigError(f"ElasticConfig.{f.name} must be 0 (no wait) or a positive number of seconds, "
+                                  f"got {value!r}.")
             if f.name.endswith("_s"):
                 _check_positive("ElasticConfig", f.name, value)
         if not self.straggler_factor > 1:
