@@ -96,13 +96,14 @@ def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reporte
 def test_an_evicted_part_cancels_the_making_of_its_facts_and_whoever_shares_them_makes_them_itself():
     """The hashing thread is one: were the loop to report faster than it hashes, the parts waiting
     for it would pile up. A part the memory evicts before its turn is hashed never, except by who
-    still needs its facts (the persister, the replicator), on their own thread."""
+    still needs its facts (the persister, the replicator), on their own thread. (A part of up to
+    HASHED_AT_ONCE_BYTES is hashed at once: the next test.)"""
     hashing_busy, release = threading.Event(), threading.Event()
     blocker = manifest._HASHING.submit(lambda: (hashing_busy.set(), release.wait(5)))
     assert hashing_busy.wait(5)
     try:
         memory = CheckpointMemory(keep=1)
-        parts = [{"model.pt": bytes([index]) * 8} for index in range(3)]
+        parts = [{"model.pt": bytes([index]) * (manifest.HASHED_AT_ONCE_BYTES + 1)} for index in range(3)]
         shared = [facts_soon(part) for part in parts]  # what the persister and replicator hold too
         for index, (part, facts) in enumerate(zip(parts, shared)):
             memory.put(HeldCheckpoint(index, 0, 0, ["model.pt"], []), part, facts=facts)
@@ -112,6 +113,25 @@ def test_an_evicted_part_cancels_the_making_of_its_facts_and_whoever_shares_them
         release.set()
     blocker.result(5)
     assert memory.facts(0, 2) == file_facts(parts[2]) and facts_made({}, None) is None
+
+
+@pytest.mark.timeout(10)
+def test_a_small_part_is_hashed_at_once_a_large_one_in_the_background():
+    """Up to HASHED_AT_ONCE_BYTES in all, hashing (~40 us) costs less than handing the part to the
+    hashing thread; and a part that goes to its buddy inside the report needs its facts then."""
+    hashing_busy, release = threading.Event(), threading.Event()
+    blocker = manifest._HASHING.submit(lambda: (hashing_busy.set(), release.wait(5)))
+    assert hashing_busy.wait(5)
+    try:
+        small = {"a.pt": b"x" * (manifest.HASHED_AT_ONCE_BYTES // 2), "b.pt": b"y" * (manifest.HASHED_AT_ONCE_BYTES // 2)}
+        large = {**small, "c.pt": b"z"}
+        assert facts_soon(small).result(timeout=0) == file_facts(small)  # made while the hashing thread is busy
+        pending = facts_soon(large)
+        assert not pending.done()
+    finally:
+        release.set()
+    blocker.result(5)
+    assert pending.result(5) == file_facts(large)
 
 
 @pytest.mark.timeout(10)

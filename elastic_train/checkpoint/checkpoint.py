@@ -95,6 +95,11 @@ class Checkpoint:
             self._filesystem = fsspec.filesystem("file")
         return self._filesystem
 
+    @property
+    def on_local_disk(self) -> bool:
+        """Is `path` on this machine's disk? Told without resolving the filesystem when none was given."""
+        return self._filesystem is None or is_local(self._filesystem)
+
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
         """A checkpoint of the files under a local directory."""
@@ -166,6 +171,8 @@ class Checkpoint:
             if self._metadata is not None:
                 files[METADATA_FILE] = json.dumps(self._metadata).encode()
             return files
+        if self.manifest is None and self._filesystem is None:  # the local disk, read directly: fsspec's walk cost ~0.2 ms
+            return _read_tree(self.path)
         if self.manifest is None:
             root = self._root()
             return {full[len(root) + 1 :]: self.filesystem.cat_file(full) for full in self.filesystem.find(root)}
@@ -226,6 +233,18 @@ class Checkpoint:
 def protocol_of(fs: fsspec.AbstractFileSystem) -> str:
     """The filesystem's protocol (its first, for one that has several names)."""
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def _read_tree(root: str) -> dict[str, bytes]:
+    """Every file under local folder `root` by relative path ('/'-separated), as fsspec's `find` lists
+    them (linked folders followed)."""
+    files = {}
+    for folder, _, names in os.walk(root, followlinks=True):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+    return files
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

@@ -46,7 +46,7 @@ def new_digest() -> Any:
 
 def facts_of(data: bytes) -> dict[str, Any]:
     """A file's facts: its size and checksum."""
-    return {"size": len(data), CHECKSUM: xxhash.xxh3_128_hexdigest(data)}
+    return {"size": len(data), CHECKSUM: _DIGESTS[CHECKSUM](data).hexdigest()}
 
 
 def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
@@ -55,6 +55,7 @@ def file_facts(files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
 
 
 HASHING_NICE = 19  # the hashing thread's nice value: it yields the CPU to the loop's threads
+HASHED_AT_ONCE_BYTES = 1 << 20  # files up to this size in all are hashed at once (~40 us): less than a thread's hand-off
 
 
 def _yield_to_the_loop() -> None:
@@ -69,9 +70,13 @@ _HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-facts",
 
 def facts_soon(files: Mapping[str, bytes]) -> Future[dict[str, dict[str, Any]]]:
     """The facts of files just snapshotted, made on a background thread of low priority, so that the
-    report does not wait for the hash (its cost: benchmarks/RESULTS.md). The bytes are immutable: the
-    facts are those of the files as reported."""
-    return _HASHING.submit(file_facts, files)
+    report does not wait for the hash (its cost: benchmarks/RESULTS.md); small ones at once. The bytes
+    are immutable: the facts are those of the files as reported."""
+    if sum(len(data) for data in files.values()) > HASHED_AT_ONCE_BYTES:
+        return _HASHING.submit(file_facts, files)
+    made: Future[dict[str, dict[str, Any]]] = Future()
+    made.set_result(file_facts(files))
+    return made
 
 
 def facts_made(files: Mapping[str, bytes], facts: Mapping[str, dict[str, Any]] | Future[dict[str, dict[str, Any]]] | None

@@ -4,6 +4,7 @@ read (or its dict held as live tensors) before the loop may change or delete the
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -59,7 +60,7 @@ def take(checkpoint: Checkpoint, plan: ReportPlan, storage: RunStorage, index: i
 def _delete_local(checkpoint: Checkpoint, storage: RunStorage) -> None:
     """`delete_local_checkpoint_after_upload`: remove the reported local folder once it is held in
     memory. Never a folder in the run's storage, nor one holding it."""
-    if checkpoint.manifest is not None or not checkpoint.path or not is_local(checkpoint.filesystem):
+    if checkpoint.manifest is not None or not checkpoint.path or not checkpoint.on_local_disk:
         return
     if _overlap(checkpoint, storage) is not None:
         logger.warning("not deleting %s after the report: it is in the run's storage", checkpoint.path)
@@ -67,12 +68,18 @@ def _delete_local(checkpoint: Checkpoint, storage: RunStorage) -> None:
     shutil.rmtree(os.path.realpath(checkpoint.path), ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=16)
+def _real(path: str) -> str:
+    """The run's folder, resolved once: a report checks every checkpoint folder against it."""
+    return os.path.realpath(path)
+
+
 def _overlap(checkpoint: Checkpoint, storage: RunStorage) -> str | None:
     """How a reported local folder overlaps the run's local folder: "holds the run" (it is that
     folder, or one above it), "in the run", or None."""
-    if not checkpoint.path or not is_local(checkpoint.filesystem) or not is_local(storage.fs):
+    if not checkpoint.path or not checkpoint.on_local_disk or not is_local(storage.fs):
         return None
-    folder, run = os.path.realpath(checkpoint.path), os.path.realpath(storage.url())
+    folder, run = os.path.realpath(checkpoint.path), _real(storage.url())
     if folder == run or run.startswith(folder + os.sep):
         return "holds the run"
     return "in the run" if folder.startswith(run + os.sep) else None
