@@ -232,6 +232,31 @@ class Report:
     # The ranks that reported a checkpoint part here, as its barrier agreed (None: none did, or unknown):
     # a rank that died with this report on its way then took no part of it with it.
     part_ranks: list[int] | None = None
+    # A peer's report, whose part this worker received at this report's barrier (worker/part_exchange.py).
+    peer: PeerReport | None = None
+
+
+@dataclass
+class PartStored:
+    """A worker stored its part of checkpoint `index` of `generation`, in `upload_s` (worker/uploads.py).
+    Sent after its report, in the same stream (worker/report_sender.py): no call of its own."""
+
+    generation: int
+    index: int
+    facts: dict[str, dict[str, Any]]  # of the stored files
+    upload_s: float
+
+
+@dataclass
+class PeerReport:
+    """A peer's report, as the buddy that its part went to at the report's barrier holds it. Should
+    the peer die with its own report on the way, the buddy's report brings this one: the barrier
+    passed, so the peer made it."""
+
+    worker_id: int
+    rank: int
+    report: Report
+    facts: dict[str, dict[str, Any]]  # of the part's files, as made with their bytes
 
 
 @dataclass

@@ -95,11 +95,12 @@ class ElasticConfig:
     one worker loses no in-memory checkpoint; it doubles the memory checkpoints take."""
     part_safe_wait_s: float = 0.05
     """A report of a folder's files that the ranks store themselves (no cadence: every checkpoint is
-    stored) returns once this rank's part is safe beyond its process, copied to the buddy or stored,
-    whichever comes first, or after this long: a worker lost right after its report then loses
-    none of it, and at most one step is redone. A part that takes longer goes on in the background.
-    0 does not wait: a worker lost within the few milliseconds it takes may lose that report's part
-    (one more step redone), for a report that costs ~5 ms less here (benchmarks/RESULTS.md)."""
+    stored), whose part did not go to the buddy inside the report (over 1 MB, an NCCL group, no
+    buddy: worker/part_exchange.py), returns once that part is safe beyond its process, copied to
+    the buddy or stored, whichever comes first, or after this long: a worker lost right after its
+    report then loses none of it, and at most one step is redone. A part that takes longer goes on
+    in the background. 0 does not wait: a worker lost within the few milliseconds it takes may lose
+    that report's part (one more step redone)."""
     snapshot_memory_retain_mb: int | None = 512
     """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
     `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""

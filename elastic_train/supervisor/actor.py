@@ -20,7 +20,7 @@ import ray
 from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, FailureConfig, ScalingConfig
 from elastic_train.events import CheckpointCopyCorrupt, PersistGivenUp, ReportWaitedForUpload, StorageFailed
-from elastic_train.protocol import Assignment, Feed, HeartbeatReply, Outcome, Report, ReportReply, Stop
+from elastic_train.protocol import Assignment, Feed, HeartbeatReply, Outcome, PartStored, Report, ReportReply, Stop
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor.adoption import worker_prefix
 from elastic_train.supervisor.controller import Controller
@@ -88,12 +88,14 @@ class Supervisor:
         w = await self._record(worker_id)
         return await self._controller.reports.answer(w, report) if w is not None else ReportReply(accepted=False)
 
-    async def reports(self, worker_id: int, batch: list[Report]) -> None:
-        """Reports that need no answer, sent in batches, in order (worker/report_sender.py)."""
+    async def reports(self, worker_id: int, batch: list[Report | PartStored]) -> None:
+        """Reports that need no answer, and parts stored, sent in batches, in order (worker/report_sender.py)."""
         w = await self._record(worker_id)
-        if w is not None:
-            for report in batch:
-                self._controller.reports.record(w, report)
+        for item in batch:
+            if isinstance(item, PartStored):
+                self._part_stored(w, worker_id, item.generation, item.index, item.facts, item.upload_s)
+            elif w is not None:
+                self._controller.reports.record(w, item)
 
     async def preemption_info(self, worker_id: int, generation: int, call: int, index: int) -> tuple[bool, Any]:
         """`get_preemption_info()` call number `call`, made after report `index`: (accepted, info)."""
@@ -138,7 +140,10 @@ class Supervisor:
                              upload_s: float | None = None) -> None:
         """A worker stored its part of checkpoint `index` of `generation` (see commits.py), in
         `upload_s` (None: the loop stored it itself)."""
-        w = await self._record(worker_id)
+        self._part_stored(await self._record(worker_id), worker_id, generation, index, facts, upload_s)
+
+    def _part_stored(self, w: WorkerRecord | None, worker_id: int, generation: int, index: int,
+                     facts: dict[str, Any], upload_s: float | None) -> None:
         if w is not None and upload_s is not None:
             self._controller.exported.uploaded(w, sum(f["size"] for f in facts.values()), upload_s)
         self._controller.commits.part_stored(worker_id, generation, index, facts)

@@ -104,20 +104,14 @@ class Reports:
         generation, index = report.generation, report.index
         if self._stale(w, generation, index):
             return None
-        entry = self._ledger.record(generation, self._run.world_size, index, w.rank, w.worker_id, report.names,
-                                    report.metrics, report.loader_states)
+        entry = self._enter(w.rank, w.worker_id, report)
         self._roster.reported(w, index)
-        if report.pace is not None:
-            self._paces.setdefault((generation, index), {})[w.worker_id] = report.pace
-        entry.dir_name = entry.dir_name or report.dir_name
-        if report.part_ranks is not None:
-            entry.part_ranks = set(report.part_ranks)
-        if report.stored_by_loop:  # the loop stored it itself: committed once a rank has listed it (`part_stored`)
-            entry.stored_by_loop = True
-            entry.stored_by_ranks.add(w.rank)
-        entry.to_store = policy.to_store(entry.to_store, stored_by_loop=report.stored_by_loop, store=report.store,
-                                        carries_files=report.names is not None, sync=report.sync,
-                                        due=lambda: self._cadence.choose(index, time.monotonic()))
+        peer = report.peer
+        if peer is not None:  # its part came here at the barrier (worker/part_exchange.py)
+            self._ledger.record_replica(generation, index, w.worker_id, peer.report.names or [],
+                                        self._run.world_size, peer.facts)
+            if peer.rank not in entry.reported_ranks:  # its own may never come: the peer made it all the same
+                self._enter(peer.rank, peer.worker_id, peer.report)
         self.latest = max(self.latest, index)
         if entry.complete and not entry.made:  # made once every rank made it: then it counts
             # Decided once, when the last rank reports: every rank unwinds after the same report.
@@ -128,6 +122,24 @@ class Reports:
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
+        return entry
+
+    def _enter(self, rank: int, worker_id: int, report: Report) -> ReportEntry:
+        """Enter rank `rank`'s report in the ledger (again, if a buddy's brought it first: alike)."""
+        generation, index = report.generation, report.index
+        entry = self._ledger.record(generation, self._run.world_size, index, rank, worker_id, report.names,
+                                    report.metrics, report.loader_states)
+        if report.pace is not None and not entry.made:
+            self._paces.setdefault((generation, index), {})[worker_id] = report.pace
+        entry.dir_name = entry.dir_name or report.dir_name
+        if report.part_ranks is not None:
+            entry.part_ranks = set(report.part_ranks)
+        if report.stored_by_loop:  # the loop stored it itself: committed once a rank has listed it (`part_stored`)
+            entry.stored_by_loop = True
+            entry.stored_by_ranks.add(rank)
+        entry.to_store = policy.to_store(entry.to_store, stored_by_loop=report.stored_by_loop, store=report.store,
+                                        carries_files=report.names is not None, sync=report.sync,
+                                        due=lambda: self._cadence.choose(index, time.monotonic()))
         return entry
 
     def unagreed(self, w: WorkerRecord, report: Report) -> None:

@@ -19,7 +19,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Position, Report, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, PartStored, Position, Report, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import GenerationEnded, PeerLost
@@ -88,8 +88,8 @@ class TrainWorker:
         self._next: Assignment | Stop | None = None  # given while parked inside the loop, which then unwound
         self._stopped = threading.Event()
         self._ended = threading.Event()
-        self._uploads = Uploads(worker_id, supervisor, spec.storage, spec.elastic, self._reports.flush,
-                                lambda: self._assignment)
+        self._uploads = Uploads(worker_id, supervisor, spec.storage, spec.elastic, self._reports.submit,
+                                self._reports.flush, lambda: self._assignment)
         elastic = spec.elastic
         self._notices = NoticeWatcher(
             self._on_preemption_notice,
@@ -352,7 +352,7 @@ class TrainWorker:
         buddy = self._assignment.buddy if replicate and self._assignment is not None else None
         self._held.hold(held, part, facts, buddy, safe)
 
-    def _send_reports(self, batch: list[Report]) -> None:
+    def _send_reports(self, batch: list[Report | PartStored]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
 
     def _send_replica(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
@@ -386,6 +386,7 @@ class _Host:
         self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
+        self.hold_replica = lambda held, files: worker._held.hold_replica(held, files, running=True)
         self.replication_s, self.share_delivered = worker._held.replication_s, worker._held.share_delivered
         self.replicated = worker._held.replicated
         self.send_report, self.flush_reports = worker._reports.submit, worker._reports.flush

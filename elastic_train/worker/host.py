@@ -47,6 +47,9 @@ class SessionHost(Protocol):
         """Hold a reported part in memory; with `replicate`, copy its files to the buddy (`facts`: on
         their way), unless `safe` (set once the part is stored) is set first; set it once copied."""
 
+    def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
+        """Keep a copy of a peer's part, received at a report's barrier (part_exchange.py)."""
+
     def replication_s(self) -> float | None:
         """How long the last copy of a part to the buddy took; None while one is on its way."""
 

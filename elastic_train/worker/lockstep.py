@@ -112,12 +112,14 @@ class Lockstep:
                 self._host.hold(previous.held, previous.live, False, None)
         return self._agreed
 
-    def agree(self, made: Made, checkpoint: bool, part: bool, store_live: bool) -> Agreed:
-        """The report's barrier, waited for; unwinds the loop when it fails."""
+    def agree(self, made: Made, checkpoint: bool, part: bool, store_live: bool, sends: int = 0) -> Agreed:
+        """The report's barrier, waited for; unwinds the loop when it fails. `sends`: the bytes of this
+        rank's part that go to its buddy (part_exchange.py)."""
         self._check_ended(made)
         try:
             index = made.report.index
-            agreed = agree(checkpoint, self._host.unwind_due(index), part, store_live, self._host.grow_due(index))
+            agreed = agree(checkpoint, self._host.unwind_due(index), part, store_live, self._host.grow_due(index),
+                           sends)
         except Exception as exc:  # noqa: BLE001 - a failed collective: the generation is over either way
             self._barrier_failed(exc, made.report.index, made)
         self._agreed, self._collectives_seen = agreed, collectives_done()

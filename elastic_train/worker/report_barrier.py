@@ -6,8 +6,10 @@ most one behind the survivors'. The barrier is one all-reduce of a few flags (`A
 group the loop already has, carrying what every rank must decide alike: a checkpoint for the
 supervisor to decide on, an unwind (the group is being resized), which ranks report parts (each
 rank's bit: a survivor's report then tells the supervisor who held a part, and a rank that died
-with its report on the way took none with it), a live part due to be stored. A plain report issues its all-reduce and returns, the next report waits for
-it; a report that must decide waits at once. docs/report_barrier.md: the flags and the costs.
+with its report on the way took none with it), a live part due to be stored, and on gloo the bytes
+each rank sends its buddy (part_exchange.py). A plain report issues its all-reduce and returns, the
+next report waits for it; a report that must decide waits at once. docs/report_barrier.md: the flags
+and the costs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Agreed:
     some_part: bool = False  # some rank reports a checkpoint part
     grow: bool = False  # some rank was asked to leave at the first report that carries a checkpoint (newcomers join)
     part_ranks: tuple[int, ...] = ()  # the ranks that report a checkpoint part
+    # By rank, the bytes of the part each sends its buddy at this report (part_exchange.py); empty
+    # where no part is exchanged (NCCL, or alone).
+    sends: tuple[int, ...] = ()
 
     @property
     def round_trip(self) -> bool:
@@ -73,7 +78,7 @@ def pipelines() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() == "gloo"
 
 
-_FLAGS = 6  # checkpoint, unwind, no part, store_live, part, grow; then the part holders' bits
+_FLAGS = 6  # checkpoint, unwind, no part, store_live, part, grow; then the part holders' bits, then the sends
 _BITS = 62  # ranks per int64 word of the part holders' bits (a sum of distinct bits is their union)
 
 
@@ -81,8 +86,9 @@ class Agreement:
     """One report's flags, all-reduced (SUM: a flag is set where some rank set it) over the group:
     issued by `issue`, read by `result`."""
 
-    def __init__(self, flags: torch.Tensor, work: dist.Work | None):
+    def __init__(self, flags: torch.Tensor, words: int, work: dist.Work | None):
         self._flags = flags
+        self._words = words  # of the part holders' bits
         self._work = work  # None: a group of one, the flags are already the answer
 
     def result(self) -> Agreed:
@@ -94,10 +100,10 @@ class Agreement:
     def _read(self) -> Agreed:
         values = self._flags.tolist()
         any_checkpoint, any_unwind, some_without, any_store_live, any_part, any_grow = values[:_FLAGS]
-        part_ranks = tuple(word * _BITS + bit for word, bits in enumerate(values[_FLAGS:])
-                           for bit in range(_BITS) if bits >> bit & 1)
+        holders = values[_FLAGS:_FLAGS + self._words]
+        part_ranks = tuple(word * _BITS + bit for word, bits in enumerate(holders) for bit in range(_BITS) if bits >> bit & 1)
         return Agreed(bool(any_checkpoint), bool(any_unwind), not some_without, bool(any_store_live), bool(any_part),
-                      bool(any_grow), part_ranks)
+                      bool(any_grow), part_ranks, tuple(values[_FLAGS + self._words:]))
 
     def on_passed(self, fn: Callable[[Agreed], None]) -> None:
         """Call `fn` with the agreement once the all-reduce passed, on the thread that completes it
@@ -118,8 +124,9 @@ class Agreement:
             self._work.get_future().then(passed)
 
 
-def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreement:
-    """Start the all-reduce of this rank's flags."""
+def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False,
+          sends: int = 0) -> Agreement:
+    """Start the all-reduce of this rank's flags, and of the bytes it `sends` its buddy (on gloo)."""
     alone = not dist.is_initialized() or dist.get_world_size() == 1
     # NCCL reduces on this worker's GPU (its default group has no CPU path); reading the result waits for it.
     nccl = not alone and dist.get_backend() == "nccl"
@@ -127,10 +134,14 @@ def issue(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bo
     holders = [0] * -(-size // _BITS)
     if part:
         holders[rank // _BITS] = 1 << rank % _BITS
-    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow), *holders],
-                         dtype=torch.int64,
+    sent = [0] * size if pipelines() else []  # parts are exchanged over gloo groups of two or more
+    if sent:
+        sent[rank] = sends
+    flags = torch.tensor([int(checkpoint), int(unwind), int(not part), int(store_live), int(part), int(grow), *holders,
+                          *sent], dtype=torch.int64,
                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
-    return Agreement(flags, None if alone else dist.all_reduce(flags, op=dist.ReduceOp.SUM, async_op=True, group=generation_group()))
+    return Agreement(flags, len(holders),
+                     None if alone else dist.all_reduce(flags, op=dist.ReduceOp.SUM, async_op=True, group=generation_group()))
 
 
 def every_rank(*flags: bool) -> tuple[bool, ...]:
@@ -145,9 +156,10 @@ def every_rank(*flags: bool) -> tuple[bool, ...]:
     return tuple(bool(v) for v in values.tolist())
 
 
-def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False) -> Agreed:
+def agree(checkpoint: bool, unwind: bool, part: bool, store_live: bool, grow: bool = False,
+          sends: int = 0) -> Agreed:
     """The group's decision from this rank's flags, waited for: a barrier."""
-    return issue(checkpoint, unwind, part, store_live, grow).result()
+    return issue(checkpoint, unwind, part, store_live, grow, sends).result()
 
 
 def collectives_done() -> int | None:

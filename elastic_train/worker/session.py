@@ -31,7 +31,8 @@ from elastic_train.worker.loaders import Loaders, StatefulLoader
 from elastic_train.worker.lockstep import Lockstep, Made
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.report_barrier import pipelines
+from elastic_train.worker.part_exchange import PartExchange
+from elastic_train.worker.report_barrier import all_wait, pipelines
 from elastic_train.worker.report_plan import Carries, after_barrier, plan_report
 from elastic_train.worker.resume import Resume
 from elastic_train.worker.share_copies import ShareCopies
@@ -66,6 +67,7 @@ class TrainSession:
         self._went_on_from: Position | None = None  # where the loop last went on in place
         self._bound_to_world = False
         self._reduces_steps = False  # the step's gradients go through our comm hook (torch/reduction.py)
+        self._exchange = PartExchange(setup.worker_id, host.hold_replica)  # small parts to the buddy (part_exchange.py)
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -86,6 +88,7 @@ class TrainSession:
         collective, as DDP's does)."""
         with self._clock.in_report() as pace:
             self._report(metrics, checkpoint, dir_name, mode, delete_local, upload_fn, pace)
+            self._exchange.sent(self.index)
 
     def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, dir_name: str | None,
                 mode: CheckpointUploadMode, delete_local: bool, upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
@@ -122,8 +125,12 @@ class TrainSession:
         if plan.goes_on(self._host.unwind_due(self.index) or self._host.grow_due(self.index), previous, pipelines()):
             self._barrier(made, lambda: self._lockstep.go_on(made))
             return
+        # A part goes to the buddy inside the report only where every rank waits at its barrier: none went on.
+        payload = self._exchange.outgoing(report, files, facts, self.context.assignment.buddy is not None
+                                          and all_wait(previous, pipelines()))
         agreed = self._barrier(made, lambda: self._lockstep.agree(made, plan.decides(names), plan.part,
-                                                                  plan.carries is Carries.LIVE and bool(plan.store)))
+                                                                  plan.carries is Carries.LIVE and bool(plan.store),
+                                                                  payload.numel() if payload is not None else 0))
         generation, rank, pipelined = self.context.assignment.generation, self.context.assignment.rank, pipelines()
         report.part_ranks = list(agreed.part_ranks) if agreed.some_part else None
         held = made.held
@@ -132,8 +139,13 @@ class TrainSession:
         if after.drops_kept:
             held = live = report.names = None
         replicate = held is not None and needs_replica(held.names, agreed.every_part)
-        # No cadence: every rank stores its part of files, as the supervisor would say, and copies it to
-        # the buddy; the report returns once either holds it (ElasticConfig.part_safe_wait_s).
+        if not after.round_trip:  # the supervisor records it in the background
+            report.store = after.store
+        sent = self._exchange.exchange(agreed, report, payload)  # every rank: it may receive its peer's
+        replicate = replicate and not sent
+        # No cadence: every rank stores its part of files, as the supervisor would say. A small part
+        # went to the buddy above; another is copied there, and the report returns once the buddy or
+        # storage holds it (ElasticConfig.part_safe_wait_s).
         upload = PartUpload(generation, self.index, files, facts=facts, replaceable=self._setup.checkpointing.replaceable
                             ) if after.uploads_files else None
         if held is not None and not (live is not None and live.private):  # held (and replicated) once agreed
@@ -141,13 +153,14 @@ class TrainSession:
                             upload.safe if upload is not None else None)
         if plan.carries is Carries.LIVE:
             self._storing.live_reported()
-        if not after.round_trip:  # the supervisor records it in the background
-            report.store = after.store
+        if not after.round_trip:
+            waits = upload is not None and not sent and self._setup.part_safe_wait_s > 0
             # Sent at once when the report waits for it to be recorded (`_until_safe`), else in a batch.
-            self._host.send_report(report, upload is not None and self._setup.part_safe_wait_s > 0)
+            self._host.send_report(report, waits)
             if upload is not None:
                 self._storing.store_files(upload)
-                self._until_safe(upload)
+                if waits:
+                    self._until_safe(upload)
             elif after.stores_live:  # every rank holds its live part: rank 0's is stored
                 self._storing.live_stored()
                 if after.uploads_live:

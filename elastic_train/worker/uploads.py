@@ -1,7 +1,7 @@
 """A worker's checkpoint parts on their way to storage: the persister (persister.py) and what each
 upload does around it. A part a newer generation made obsolete is dropped; a stored part is recorded
-at the supervisor (after its report); a part given up, or storage failing, is told to the supervisor;
-the run's last part is flushed before the worker parks or stops."""
+at the supervisor (after its report, in the same stream: one call carries both); a part given up, or
+storage failing, is told to the supervisor; the run's last part is flushed before the worker parks or stops."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import logging
 import time
 from typing import Any, Callable
 
-import ray
 
 from elastic_train.checkpoint.manifest import facts_made
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import ElasticConfig
 from elastic_train.errors import StorageError
-from elastic_train.protocol import Assignment
+from elastic_train.protocol import Assignment, PartStored
 from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
 
 logger = logging.getLogger(__name__)
@@ -25,9 +24,10 @@ class Uploads:
     """One worker's uploads; the persister's callbacks run on its thread."""
 
     def __init__(self, worker_id: int, supervisor: Any, storage: RunStorage, elastic: ElasticConfig,
-                 flush_reports: Callable[[float], bool], place: Callable[[], Assignment | None]):
+                 send: Callable[[PartStored, bool], None], flush_reports: Callable[[float], bool],
+                 place: Callable[[], Assignment | None]):
         self._worker_id, self._supervisor, self._storage, self._elastic = worker_id, supervisor, storage, elastic
-        self._flush_reports, self._place = flush_reports, place
+        self._send, self._flush_reports, self._place = send, flush_reports, place
         self._persister = Persister(self._upload, self._given_up, self._failed, elastic.max_queued_uploads)
 
     def submit(self, part: PartUpload, cancelled: Callable[[], bool] = lambda: False) -> float | None:
@@ -39,12 +39,13 @@ class Uploads:
         self._persister.interrupt()
 
     def store_now(self, part: PartUpload | None, what: str) -> None:
-        """Store `part` (if any) and wait for every queued upload, up to persist_flush_timeout_s: the
-        loop returned, or the run ends."""
+        """Store `part` (if any) and wait for every queued upload to be stored and known to the
+        supervisor, up to persist_flush_timeout_s: the loop returned, or the run ends."""
         if part is not None:
             self._persister.submit(part)
         timeout = self._elastic.persist_flush_timeout_s
-        if not self._persister.flush(timeout):
+        deadline = time.monotonic() + timeout
+        if not (self._persister.flush(timeout) and self._flush_reports(max(0.0, deadline - time.monotonic()))):
             logger.warning("%s did not reach storage within persist_flush_timeout_s=%ss", what, timeout)
 
     def close(self) -> None:
@@ -61,12 +62,8 @@ class Uploads:
         reported = facts_made(part.files, part.facts)
         facts = self._storage.write_part(part.index, part.files, generation=part.generation, name=part.dir_name,
                                          facts=reported)
-        upload_s = time.monotonic() - began
-        # Its report first (the supervisor knows no checkpoint before a report of it), sent in the
-        # background when no round trip decided the storing (session.py).
-        self._flush_reports(self._elastic.persist_flush_timeout_s)
-        # Wait for the supervisor to take note: a flushed part is then known to it before this worker parks.
-        ray.get(self._supervisor.part_stored.remote(self._worker_id, part.generation, part.index, facts, upload_s))
+        # After its report, which the supervisor knows no checkpoint before: sent now, with it.
+        self._send(PartStored(part.generation, part.index, facts, time.monotonic() - began), True)
         part.safe.set()
 
     def _given_up(self, part: PartUpload, error: Exception) -> None:
