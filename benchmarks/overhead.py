@@ -14,6 +14,10 @@ writes them to a file in the run's log folder when the loop ends. Variants:
 
 * `plain_ddp`: 2 processes from `torch.multiprocessing` (spawn), gloo over 127.0.0.1
   (MASTER_ADDR / MASTER_PORT on a free port), `DistributedDataParallel`; no report.
+* `plain_ddp+checkpoint`: the same, and rank 0 saves a checkpoint every step as a loop with no
+  library would: torch.save of model + optimizer state into a file in the run's folder, under a
+  temporary name then renamed (the last one stays whole). What the loop's own saving costs; the
+  `elastic_train+checkpoint` rows are to be read against it too.
 * `elastic_train`: `TorchTrainer` with `ScalingConfig(num_workers=2)` on a fresh Ray instance,
   `prepare_model`, and `report(metrics)` every step on every rank.
 * `elastic_train+reentry`: the same with `ElasticConfig(recover_in_place=False)`: DDP without the
@@ -86,7 +90,7 @@ NUM_WORKERS = 2
 SKIP_STEPS = 5
 BASELINE = "plain_ddp"
 CHECKPOINT_EVERY = 10  # the sparse-checkpoint variant's interval (issue 14's target: >= 0.95 of plain DDP)
-SYSTEMS = (BASELINE, "elastic_train", "elastic_train+reentry", "elastic_train+checkpoint", "elastic_train+checkpoint+nowait",
+SYSTEMS = (BASELINE, f"{BASELINE}+checkpoint", "elastic_train", "elastic_train+reentry", "elastic_train+checkpoint", "elastic_train+checkpoint+nowait",
            f"elastic_train+checkpoint/{CHECKPOINT_EVERY}",
            f"elastic_train+live/{CHECKPOINT_EVERY}", "elastic_train+kept", "elastic_train+fsdp", "elastic_train+fsdp+kept",
            "torchft")
@@ -119,7 +123,9 @@ def ddp_worker(rank: int, port: int, config: dict[str, Any]) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=NUM_WORKERS)
     try:
         model, optimizer = _build()
-        _run_steps(DistributedDataParallel(model), optimizer, rank, config, lambda step, metrics: None)
+        _run_steps(DistributedDataParallel(model), optimizer, rank, config,
+                   _plain_save(model, optimizer, Path(config["log_dir"]).parent) if config["checkpoint"] and rank == 0
+                   else lambda step, metrics: None)
     finally:
         dist.destroy_process_group()
 
@@ -153,6 +159,16 @@ def elastic_loop(config: dict[str, Any]) -> None:
     _run_steps(et.torch.prepare_model(model, live_state=config["kept"]), optimizer, rank, config, report)
 
 
+def _plain_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> Report:
+    """Rank 0's checkpoint in a loop with no library: the state saved whole, every step."""
+    def save(step: int, metrics: dict[str, float]) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                   folder / "checkpoint.pt.tmp")
+        os.replace(folder / "checkpoint.pt.tmp", folder / "checkpoint.pt")
+
+    return save
+
+
 def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> list[float]:
     """Run `system` once; returns rank 0's step durations after the warm-up steps."""
     shutil.rmtree(workdir, ignore_errors=True)  # a run whose name has checkpoints in storage would resume
@@ -162,7 +178,7 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
     config = {"steps": steps, "step_time": step_time, "log_dir": str(log),
               "checkpoint": every if "+checkpoint" in system else 0, "live": "+live" in system,
               "kept": "+kept" in system, "fsdp": "+fsdp" in system, "width": FSDP_WIDTH if "+fsdp" in system else WIDTH}
-    if system == BASELINE:
+    if system.startswith(BASELINE):
         mp.spawn(ddp_worker, args=(free_port(), config), nprocs=NUM_WORKERS, join=True)
     else:
         ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False,
