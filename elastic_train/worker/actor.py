@@ -19,7 +19,7 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, PartStored, Position, Report, Stop, WorkerInfo
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Position, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import GenerationEnded, PeerLost
@@ -31,7 +31,7 @@ from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.worker.context import RunInfo, TrainContext
 from elastic_train.worker.holdings import Holdings
 from elastic_train.worker.replicator import Facts, as_pieces, from_pieces
-from elastic_train.worker.report_sender import ReportSender
+from elastic_train.worker.report_sender import ReportSender, Sent
 from elastic_train.worker.warmup import warm_up
 from elastic_train.worker.process_group import GenerationProcessGroup
 from elastic_train.worker.host import SessionSetup
@@ -352,7 +352,7 @@ class TrainWorker:
         buddy = self._assignment.buddy if replicate and self._assignment is not None else None
         self._held.hold(held, part, facts, buddy, safe)
 
-    def _send_reports(self, batch: list[Report | PartStored]) -> None:
+    def _send_reports(self, batch: list[Sent]) -> None:
         ray.get(self._supervisor.reports.remote(self.worker_id, batch))
 
     def _send_replica(self, peer: Any, held: HeldCheckpoint, files: dict[str, bytes]) -> None:
