@@ -348,7 +348,7 @@ class TrainWorker:
     def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts,
               safe: threading.Event | None = None) -> None:
         """A reported part: held in memory, and with `replicate` copied to the generation's buddy
-        (unless it is `safe` in storage first: holdings.py)."""
+        (`safe`: set once storage or the buddy holds it: holdings.py)."""
         buddy = self._assignment.buddy if replicate and self._assignment is not None else None
         self._held.hold(held, part, facts, buddy, safe)
 

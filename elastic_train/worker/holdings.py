@@ -43,9 +43,9 @@ class Holdings:
     def hold(self, held: HeldCheckpoint, part: Part, facts: Facts, buddy: Any,
              safe: threading.Event | None = None) -> None:
         """A reported part: held in memory, and its files copied to `buddy` (None: none) in the
-        background, with their facts (on their way); unless `safe` (set once storage holds it) is
-        set first, and set once the buddy holds it (replicator.py). A live part is not copied: its tensors change under the copy
-        (live_part.py); unless it is private (a sharded model's share, a copy already)."""
+        background, with their facts (on their way); `safe` (set once storage holds it) is set once the
+        buddy holds it, if storage did not first (replicator.py). A live part is not copied: its tensors
+        change under the copy (live_part.py); unless it is private (a sharded model's share, a copy already)."""
         self.own.put(held, part, facts=facts)
         if not isinstance(part, dict) and part.private:
             self._newest_share = (held.generation, held.index)

@@ -5,9 +5,11 @@ usual pattern (rank 0 alone reports a checkpoint), losing rank 0 would lose ever
 checkpoint and force a restart from storage, with the steps since the last commit redone. So each
 part is also kept by one peer, the next rank: no single lost worker takes a checkpoint with it.
 The copy runs on this thread, newest first (an older part waiting is replaced by a newer one), so
-`report()` does not wait for it; the peer tells the supervisor once it holds the replica. A part on
-its way to storage is skipped if storage had it first (no single lost worker takes it with it then
-either); the part's `safe` event tells the report that waits for it (`ElasticConfig.part_safe_wait_s`).
+`report()` does not wait for it; the peer tells the supervisor once it holds the replica. A part
+stored first is copied all the same: a resume from memory needs every part in a survivor's memory
+(one stored part alone would send the whole resume to storage, at a pace that depended on which
+thread won). The part's `safe` event, set by the first of the two, tells the report that waits for it
+(`ElasticConfig.part_safe_wait_s`).
 A part of up to `INLINE_BYTES` travels in pieces Ray carries inside the call: through the object
 store, a 0.13 MB part cost the loop ~0.9 ms more per copy here.
 """
@@ -70,8 +72,8 @@ class Replicator(BackgroundThread[Copy]):
                safe: threading.Event | None = None) -> None:
         """Copy `files` to `peer`, with the facts they were reported with (the peer's copy is checked
         against them wherever it is served); a part still waiting is replaced. A private live part is
-        serialized here, off the loop's thread. `safe`: set once the part is stored (then no copy is
-        made), and here once the peer holds the copy."""
+        serialized here, off the loop's thread. `safe`: set once the part is stored, and here once the
+        peer holds the copy."""
         with self._changed:
             if self._next is not None:
                 self._drop(self._next[0])
@@ -97,8 +99,6 @@ class Replicator(BackgroundThread[Copy]):
 
     def _do(self, copy: Copy) -> None:
         peer, held, part, facts, safe = copy
-        if safe is not None and safe.is_set():
-            return  # stored already
         started = time.monotonic()
         files = part.files() if isinstance(part, LivePart) else part
         made = facts_made(files, facts) or file_facts(files)  # as reported, else (a private live part) made now
