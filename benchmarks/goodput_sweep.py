@@ -7,7 +7,9 @@ goodput (the compute time of the steps that count over wall time) falls off.
 What: the workload and the measurements of `benchmarks/preemption.py`, under a fixed schedule of
 `--faults` SIGKILLs of a random worker, one every T seconds, for each T of `--intervals`; every
 system runs the same schedule, one after the other (torchft with its DDP comm hook patched: see
-`benchmarks.torchft_system`).
+`benchmarks.torchft_system`). Beside goodput, "between steps": rank 0's time from a step's end to the
+next one's start, fault-free at full size (the loop's own save, the report, the next batch), median
+and mean; it bounds goodput from above at step / (step + it).
 
     python -m benchmarks.goodput_sweep --quick --out /tmp/bench_goodput
     python -m benchmarks.goodput_sweep --intervals 10,30,60 --faults 4 --out results/goodput_sweep
@@ -32,10 +34,11 @@ logger = logging.getLogger("benchmarks.goodput_sweep")
 
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
-    rows = ["| failure interval | system | goodput | resume median | steps redone |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| failure interval | system | goodput | resume median | steps redone | between steps, median / mean |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for p in report["points"]:
         rows.append(f"| {p['interval_s']:g} s | {p['system']} | {p['goodput']:.3f} | {p['resume_s_median']} s "
-                    f"| {p['steps_redone_total']} |")
+                    f"| {p['steps_redone_total']} | {p['between_steps_ms_median']} / {p['between_steps_ms_mean']} ms |")
     return "\n".join(rows)
 
 
@@ -70,6 +73,8 @@ def main() -> None:
         for s in report["systems"]:
             points.append({"interval_s": interval, "system": s["system"], "goodput": s["goodput"],
                            "resume_s_median": s["resume_s_median"], "steps_redone_total": s["steps_redone_total"],
+                           "between_steps_ms_median": s["between_steps_ms_median"],
+                           "between_steps_ms_mean": s["between_steps_ms_mean"],
                            "faults": s["faults"]})
     summary = {"benchmark": "goodput_sweep", "faults_per_interval": count, "step_time_s": args.step_time,
                "checkpointing": checkpointing.describe(),

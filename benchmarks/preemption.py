@@ -244,6 +244,10 @@ def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
         last_run[r["step"]] = r
     full = [r["time"] - r["start"] for r in rank0 if r["world_size"] == NUM_WORKERS]
     useful = len(last_run) * statistics.median(full)
+    # From a step's end to the next one's start in one process at full size: the loop's own save, the
+    # report, the next batch. Fault-free, goodput is at most step / (step + this).
+    between = [b["start"] - a["time"] for a, b in zip(rank0, rank0[1:])
+               if b["step"] == a["step"] + 1 and b["pid"] == a["pid"] and a["world_size"] == b["world_size"] == NUM_WORKERS]
     loop_wall = rank0[-1]["time"] - rank0[0]["start"]
     return {
         "faults": len(faults),
@@ -256,6 +260,8 @@ def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
         "useful_s": round(useful, 2),
         "loop_wall_s": round(loop_wall, 2),
         "step_compute_s_median": round(statistics.median(full), 4),
+        "between_steps_ms_median": round(statistics.median(between) * 1e3, 2) if between else None,
+        "between_steps_ms_mean": round(statistics.mean(between) * 1e3, 2) if between else None,
         "per_segment": {
             seg: {"resume_s_median": spread("r", [v for v, f in zip(resume, faults) if f["segment"] == seg])["r_median"],
                   "steps_redone_total": sum(n for n, f in zip(redone, faults) if f["segment"] == seg)}
