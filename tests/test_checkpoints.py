@@ -40,6 +40,28 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
 
 
 @pytest.mark.timeout(10)
+def test_a_checkpoint_whose_uploader_was_lost_before_it_told_its_part_stored_is_stored_by_its_holders():
+    """Rank 1's worker stored its part, but its notice died with it (notices go in batches): the
+    checkpoint would never commit. The survivors that hold it in memory store it; not while worker 11
+    lives (its notice is on its way), nor once it told, nor when it is committed already."""
+    ledger = CheckpointLedger(keep=2)
+    for rank, worker in ((0, 10), (1, 11)):
+        ledger.record(0, 2, 4, rank, worker_id=worker, names=[f"shard_{rank}"], metrics={}, loader_states=[])
+    entry = ledger.entries[4]
+    entry.to_store = True
+    ledger.record_replica(0, 4, 10, ["shard_1"])
+    ledger.mark_stored(4, 10, {"shard_0": {}}, 0)
+    assert not ledger.resume_plan({10, 11}).store  # worker 11 is alive: its notice may still come
+    plan = ledger.resume_plan({10})
+    assert plan.index == 4 and plan.holders == {10: ["shard_0", "shard_1"]} and plan.store
+    ledger.mark_stored(4, 11, {"shard_1": {}}, 0)
+    assert not ledger.resume_plan({10}).store  # it told before it went
+    del entry.stored[11]
+    entry.committed = True
+    assert not ledger.resume_plan({10}).store
+
+
+@pytest.mark.timeout(10)
 def test_a_resume_plan_carries_each_served_copys_facts_and_a_copy_found_corrupt_is_never_planned_again():
     """Each file is checked where it lands against the facts its copy was made with: the reporter's
     own, a replica's (its reporter's), a live part's (made as it was serialized, told as its holder

@@ -309,12 +309,16 @@ def test_a_checkpoint_held_back_is_let_through_without_it_only_when_it_can_no_lo
 @pytest.mark.timeout(10)
 def test_the_run_ends_by_storing_the_newest_checkpoint_held_only_when_storage_lacks_it():
     newest = ResumePlan(8, {10: ["model.pt"]}, generation=2)
-    assert policy.final_flush(newest, 5, None, failed=False) is newest  # nothing of it in storage
-    assert policy.final_flush(newest, 8, None, failed=False) is None  # committed already
-    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), failed=False) is None  # on its way
-    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), failed=True) is newest  # a failed run's, whatever
-    assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, failed=True) is None  # a kept state: never
-    assert policy.final_flush(None, 0, None, failed=True) is None
+    assert policy.final_flush(newest, 5, None, live={10, 11}, failed=False) is newest  # nothing of it in storage
+    assert policy.final_flush(newest, 8, None, live={10, 11}, failed=False) is None  # committed already
+    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), live={10, 11}, failed=False) is None  # on its way
+    assert policy.final_flush(newest, 5, _entry(to_store=True, stored={10: {}}), live={10, 11},
+                              failed=False) is None  # worker 11 is still storing its part
+    # ... but it is gone without telling it stored (its notice may have died with it): the holders store it
+    assert policy.final_flush(newest, 5, _entry(to_store=True, stored={10: {}}), live={10}, failed=False) is newest
+    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), live={10, 11}, failed=True) is newest  # a failed run's, whatever
+    assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, live=set(), failed=True) is None  # a kept state: never
+    assert policy.final_flush(None, 0, None, live=set(), failed=True) is None
 
 
 @pytest.mark.timeout(10)

@@ -46,11 +46,12 @@ class Ending:
         """End the run in `state`; `leaving`: a failed run's members told to leave their generation."""
         await self._telemetry.until(lambda: all(m.outcome is not None or m.status is WorkerStatus.LOST
                                                 for m in leaving), self._elastic.drain_timeout_s)
-        newest = self._ledger.resume_plan(self._roster.live_ids(), self._roster.holds())
+        live = self._roster.live_ids()
+        newest = self._ledger.resume_plan(live, self._roster.holds())
         stored = self._commits.newest
         self.flush = policy.final_flush(newest, stored.index if stored else 0,
                                         self._ledger.entries.get(newest.index) if newest else None,
-                                        failed=state is RunState.ERRORED)
+                                        live=live, failed=state is RunState.ERRORED)
         self.decided.set()
         self._roster.end_all(self._stop(state), now=False)
         self._telemetry.record(RunEnded(state.value))

@@ -113,6 +113,12 @@ class ReportEntry:
         """The workers told to store a part of this checkpoint that have not reported it stored."""
         return self.uploaders() - set(self.stored) if self.to_store else set()
 
+    def uploader_lost(self, live_workers: set[int]) -> bool:
+        """Is a worker told to store a part of it gone without telling it stored? Its part may be in
+        storage all the same: the notice goes in the next batch of reports (worker/report_sender.py)
+        and died with it. Only a copy held in memory can make the checkpoint whole again."""
+        return bool(self.unstored() - live_workers)
+
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory (a copy found corrupt aside): its reporters, by
         rank, then replica keepers."""
@@ -299,7 +305,10 @@ class CheckpointLedger:
                 if name in entry.copies.get(holder, {}):
                     facts[name] = entry.copies[holder][name]
             else:
-                store = entry.made_by_all and bool(entry.to_store) and not entry.stored and not entry.committed
+                # Its holders store it: a barrier failed before any rank stored it, or an uploader was lost
+                # before it told its part stored (it may have died with the notice).
+                store = bool(entry.to_store) and not entry.committed and (
+                    (entry.made_by_all and not entry.stored) or (entry.uploader_lost(live_workers) and not entry.given_up))
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
                                   state_only=entry.state_only, facts=facts)

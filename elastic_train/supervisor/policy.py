@@ -235,7 +235,7 @@ def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: 
     gone (or, for one the loop stored itself, every rank that reported it stored), or, under a cadence
     that replaces waiting uploads, a newer generation's checkpoint replaced it before its upload.
     `live`: the workers alive; `members`: the current generation's worker id by rank."""
-    if entry is None or entry.generation != generation or entry.given_up or entry.unstored() - live:
+    if entry is None or entry.generation != generation or entry.given_up or entry.uploader_lost(live):
         return True
     registrars = {members[rank] for rank in entry.stored_by_ranks if rank in members}
     if entry.stored_by_loop and not entry.stored and not registrars & live:
@@ -244,14 +244,15 @@ def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: 
 
 
 def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry | None, *,
-                failed: bool) -> ResumePlan | None:
+                live: set[int], failed: bool) -> ResumePlan | None:
     """What the workers store as the run ends: the newest checkpoint they hold (`newest`), if storage
     has nothing of it (`stored_index`: its newest committed) and it is on no way there (`entry`
-    neither committed nor stored by a worker; a failed run's is stored whatever); never a state
-    kept for recovery alone."""
+    neither committed nor stored by a worker, or an uploader of it was lost before it told its part
+    stored; a failed run's is stored whatever); never a state kept for recovery alone. `live`: the
+    workers alive."""
     if newest is None or newest.index <= stored_index or newest.state_only:
         return None
-    storing = entry is not None and (entry.committed or bool(entry.stored))
+    storing = entry is not None and (entry.committed or (bool(entry.stored) and not entry.uploader_lost(live)))
     return newest if failed or not storing else None
 
 
