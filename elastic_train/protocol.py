@@ -93,7 +93,8 @@ class ResumePlan:
     stored: Any = None  # the CommittedCheckpoint in storage to load, when no survivor holds a newer one
     loader_states: list[dict[str, Any]] = field(default_factory=list)  # prepare_data_loader positions
     generation: int = -1  # the generation that reported it
-    # Chosen to be stored, but its barrier failed before any rank stored it: its holders store it.
+    # Chosen to be stored, but its barrier failed before any rank stored it, or a rank that was to store
+    # its part was lost before it told it stored: its holders store it.
     store: bool = False
     dir_name: str | None = None  # the folder its report named, to store it in
     # The state a run keeps live for recovery (`prepare_model(model, live_state=True)`): restored into

@@ -52,6 +52,7 @@ def test_a_checkpoint_whose_uploader_was_lost_before_it_told_its_part_stored_is_
     ledger.record_replica(0, 4, 10, ["shard_1"])
     ledger.mark_stored(4, 10, {"shard_0": {}}, 0)
     assert not ledger.resume_plan({10, 11}).store  # worker 11 is alive: its notice may still come
+    assert not ledger.resume_plan({10}, alive={10, 11}).store  # ... though it does not serve the next generation
     plan = ledger.resume_plan({10})
     assert plan.index == 4 and plan.holders == {10: ["shard_0", "shard_1"]} and plan.store
     ledger.mark_stored(4, 11, {"shard_1": {}}, 0)

@@ -316,8 +316,8 @@ class Controller:
 
     def _newest_state(self, workers: list[WorkerRecord]) -> ResumePlan | None:
         """The newest state `workers` can resume from, in their memory or in storage."""
-        return policy.resume_from(self.ledger.resume_plan({w.worker_id for w in workers}, self.roster.holds()),
-                                  self.commits.newest)
+        return policy.resume_from(self.ledger.resume_plan({w.worker_id for w in workers}, self.roster.holds(),
+                                                          alive=self.roster.live_ids()), self.commits.newest)
 
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
         survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]

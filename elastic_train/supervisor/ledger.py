@@ -281,12 +281,14 @@ class CheckpointLedger:
         return sorted(found)
 
     def resume_plan(self, live_workers: set[int],
-                    holds: Mapping[int, set[tuple[int, int, str]]] | None = None) -> ResumePlan | None:
+                    holds: Mapping[int, set[tuple[int, int, str]]] | None = None,
+                    alive: set[int] | None = None) -> ResumePlan | None:
         """The newest checkpoint that live workers can serve whole from memory. `holds` has what a
         parked worker told it holds, as (generation, index, file): exact, where the ledger's own view of
         what each worker still keeps in memory is not (a worker evicts its oldest snapshots, its own
-        and its peers' apart)."""
-        holds = holds or {}
+        and its peers' apart). `alive`: every worker alive, those that do not serve included (default:
+        `live_workers`); an uploader among them may still tell its part stored."""
+        holds, alive = holds or {}, live_workers if alive is None else alive
         with_parts = sorted((i for i, e in self.entries.items() if e.whole and e.parts), reverse=True)
         for index in with_parts:
             entry = self.entries[index]
@@ -308,7 +310,7 @@ class CheckpointLedger:
                 # Its holders store it: a barrier failed before any rank stored it, or an uploader was lost
                 # before it told its part stored (it may have died with the notice).
                 store = bool(entry.to_store) and not entry.committed and (
-                    (entry.made_by_all and not entry.stored) or (entry.uploader_lost(live_workers) and not entry.given_up))
+                    (entry.made_by_all and not entry.stored) or (entry.uploader_lost(alive) and not entry.given_up))
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
                                   state_only=entry.state_only, facts=facts)

@@ -282,7 +282,7 @@ class TrainWorker:
                            traceback.format_exc())
         if assignment.resume is not None:
             self._held.forget_after(assignment.resume.generation, assignment.resume.index)
-        # Chosen to be stored, but its report's barrier failed before any rank stored it: its holders store it now.
+        # Chosen to be stored, but not whole in storage (plan.store: protocol.py): its holders store it now.
         resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
         if resumed is not None:
             self._uploads.submit(resumed)

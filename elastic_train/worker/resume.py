@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 def part_to_store(plan: ResumePlan | None, worker_id: int, read: Callable[[int, int, list[str]], dict[str, bytes]],
                   *, final: bool = False) -> PartUpload | None:
     """This worker's files of `plan`'s checkpoint as a part to store: one chosen to be stored whose
-    report's barrier failed before any rank stored it (`plan.store`, into the folder it named), or
-    with `final` the checkpoint a stopping run leaves behind. None where this worker holds none."""
+    report's barrier failed before any rank stored it, or whose uploader was lost before it told its
+    part stored (`plan.store`, into the folder it named), or with `final` the checkpoint a stopping
+    run leaves behind. None where this worker holds none."""
     if plan is None or worker_id not in plan.holders or not (final or plan.store):
         return None
     try:
