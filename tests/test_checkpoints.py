@@ -41,8 +41,8 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
 
 @pytest.mark.timeout(10)
 def test_a_checkpoint_whose_uploader_was_lost_before_it_told_its_part_stored_is_stored_by_its_holders():
-    """Rank 1's worker stored its part, but its notice died with it (notices go in batches): the
-    checkpoint would never commit. The survivors that hold it in memory store it; not while worker 11
+    """Rank 1's worker stored its part, but its notice died with it (the report stream sends it after
+    the upload): the checkpoint would never commit. The survivors that hold it in memory store it; not while worker 11
     lives (its notice is on its way), nor once it told, nor when it is committed already."""
     ledger = CheckpointLedger(keep=2)
     for rank, worker in ((0, 10), (1, 11)):
@@ -58,6 +58,13 @@ def test_a_checkpoint_whose_uploader_was_lost_before_it_told_its_part_stored_is_
     ledger.mark_stored(4, 11, {"shard_1": {}}, 0)
     assert not ledger.resume_plan({10}).store  # it told before it went
     del entry.stored[11]
+    # Worker 10 stores it again: until it tells, its folder is not removed (a newer checkpoint committed).
+    ledger.restoring(plan)
+    assert entry.unstored() == {10, 11} and not entry.stored
+    ledger.record(0, 2, 5, 0, worker_id=10, names=["shard_0"], metrics={}, loader_states=[])
+    assert ledger.abandoned_before(5, {10}) == [] and not entry.given_up
+    ledger.mark_stored(4, 10, {"shard_0": {}, "shard_1": {}}, 0)
+    assert entry.ready_to_commit
     entry.committed = True
     assert not ledger.resume_plan({10}).store
 

@@ -340,6 +340,8 @@ class Controller:
             resume: ResumePlan | None = ResumePlan(index=at.index, generation=self._generation - 1)
         else:
             resume = self._newest_state(chosen)
+            if resume is not None:
+                self.ledger.restoring(resume)
         start = resume.index if resume else 0
         self.ledger.rewind(start)
         self.reports.open(start)

@@ -47,6 +47,7 @@ class ReportEntry:
     # memory checks each file it is served against them.
     copies: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     corrupt: set[tuple[int, str]] = field(default_factory=set)  # (worker id, name): a copy found not as made
+    restorers: set[int] = field(default_factory=set)  # holders a resume plan told to store it (`ResumePlan.store`)
 
     @property
     def complete(self) -> bool:
@@ -104,10 +105,11 @@ class ReportEntry:
     def uploaders(self) -> set[int]:
         """The workers that store a part: every reporter, as in Ray Train, except of a dict checkpoint
         (one rank's part is all of it): its lowest-ranked reporter alone. So every rank reporting its
-        live state (`Checkpoint.from_dict`) costs storage one upload, not one per rank."""
+        live state (`Checkpoint.from_dict`) costs storage one upload, not one per rank. And the holders
+        told to store it again (`restorers`): its folder is not removed under them."""
         if self.parts and self.names <= DICT_PART_NAMES:
-            return {self.parts[min(self.parts)][0]}
-        return {wid for wid, _ in self.parts.values()}
+            return {self.parts[min(self.parts)][0]} | self.restorers
+        return {wid for wid, _ in self.parts.values()} | self.restorers
 
     def unstored(self) -> set[int]:
         """The workers told to store a part of this checkpoint that have not reported it stored."""
@@ -115,8 +117,8 @@ class ReportEntry:
 
     def uploader_lost(self, live_workers: set[int]) -> bool:
         """Is a worker told to store a part of it gone without telling it stored? Its part may be in
-        storage all the same: the notice goes in the next batch of reports (worker/report_sender.py)
-        and died with it. Only a copy held in memory can make the checkpoint whole again."""
+        storage all the same: the notice follows the upload in the report stream (worker/uploads.py)
+        and may have died with it. Only a copy held in memory can make the checkpoint whole again."""
         return bool(self.unstored() - live_workers)
 
     def holders(self, name: str) -> list[int]:
@@ -315,6 +317,16 @@ class CheckpointLedger:
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
                                   state_only=entry.state_only, facts=facts)
         return None
+
+    def restoring(self, plan: ResumePlan) -> None:
+        """A new generation resumes from `plan`, whose holders store it (`plan.store`): they count as
+        its uploaders until they tell it stored again (what one stored before is written anew), so
+        its folder is not removed under them."""
+        entry = self.entries.get(plan.index)
+        if plan.store and entry is not None and entry.generation == plan.generation:
+            entry.restorers |= set(plan.holders)
+            for worker_id in plan.holders:
+                entry.stored.pop(worker_id, None)
 
     def rewind(self, index: int) -> None:
         """Forget reports after `index`: the new generation redoes those steps."""

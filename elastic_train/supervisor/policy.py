@@ -252,7 +252,8 @@ def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry
     workers alive."""
     if newest is None or newest.index <= stored_index or newest.state_only:
         return None
-    storing = entry is not None and (entry.committed or (bool(entry.stored) and not entry.uploader_lost(live)))
+    lost = entry is not None and entry.uploader_lost(live) and not entry.given_up  # its holders make it whole
+    storing = entry is not None and (entry.committed or (bool(entry.stored) and not lost))
     return newest if failed or not storing else None
 
 
