@@ -42,8 +42,8 @@ def test_ledger_serves_replicated_files_from_any_survivor_and_sharded_ones_only_
 @pytest.mark.timeout(10)
 def test_a_checkpoint_whose_uploader_was_lost_before_it_told_its_part_stored_is_stored_by_its_holders():
     """Rank 1's worker stored its part, but its notice died with it (the report stream sends it after
-    the upload): the checkpoint would never commit. The survivors that hold it in memory store it; not while worker 11
-    lives (its notice is on its way), nor once it told, nor when it is committed already."""
+    the upload): the checkpoint would never commit. The survivors that hold it in memory store it;
+    not while worker 11 lives (its notice is on its way), nor once it told, nor when it is committed."""
     ledger = CheckpointLedger(keep=2)
     for rank, worker in ((0, 10), (1, 11)):
         ledger.record(0, 2, 4, rank, worker_id=worker, names=[f"shard_{rank}"], metrics={}, loader_states=[])

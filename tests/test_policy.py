@@ -318,8 +318,10 @@ def test_the_run_ends_by_storing_the_newest_checkpoint_held_only_when_storage_la
     assert policy.final_flush(newest, 5, _entry(to_store=True, stored={10: {}}), live={10}, failed=False) is newest
     assert policy.final_flush(newest, 5, _entry(to_store=True, stored={10: {}}, given_up=True), live={10},
                               failed=False) is None  # a part given up: it never commits
-    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), live={10, 11}, failed=True) is newest  # a failed run's, whatever
-    assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, live=set(), failed=True) is None  # a kept state: never
+    assert policy.final_flush(newest, 5, _entry(stored={10: {}}), live={10, 11},
+                              failed=True) is newest  # a failed run's, whatever
+    assert policy.final_flush(ResumePlan(8, state_only=True), 5, None, live=set(),
+                              failed=True) is None  # a kept state: never
     assert policy.final_flush(None, 0, None, live=set(), failed=True) is None
 
 

@@ -121,6 +121,11 @@ class ReportEntry:
         and may have died with it. Only a copy held in memory can make the checkpoint whole again."""
         return bool(self.unstored() - live_workers)
 
+    def left_to_holders(self, live_workers: set[int]) -> bool:
+        """Is it for the workers holding it in memory to store: an uploader was lost before it told its
+        part stored, and the checkpoint is neither given up nor committed?"""
+        return self.uploader_lost(live_workers) and not self.given_up and not self.committed
+
     def holders(self, name: str) -> list[int]:
         """The workers that hold file `name` in memory (a copy found corrupt aside): its reporters, by
         rank, then replica keepers."""
@@ -311,8 +316,8 @@ class CheckpointLedger:
             else:
                 # Its holders store it: a barrier failed before any rank stored it, or an uploader was lost
                 # before it told its part stored (it may have died with the notice).
-                store = bool(entry.to_store) and not entry.committed and (
-                    (entry.made_by_all and not entry.stored) or (entry.uploader_lost(alive) and not entry.given_up))
+                store = (entry.made_by_all and bool(entry.to_store) and not entry.stored and not entry.committed
+                         ) or entry.left_to_holders(alive)
                 return ResumePlan(index=index, holders=holders, loader_states=entry.loader_states,
                                   generation=entry.generation, store=store, dir_name=entry.dir_name,
                                   state_only=entry.state_only, facts=facts)

@@ -252,8 +252,7 @@ def final_flush(newest: ResumePlan | None, stored_index: int, entry: ReportEntry
     workers alive."""
     if newest is None or newest.index <= stored_index or newest.state_only:
         return None
-    lost = entry is not None and entry.uploader_lost(live) and not entry.given_up  # its holders make it whole
-    storing = entry is not None and (entry.committed or (bool(entry.stored) and not lost))
+    storing = entry is not None and (entry.committed or (bool(entry.stored) and not entry.left_to_holders(live)))
     return newest if failed or not storing else None
 
 
