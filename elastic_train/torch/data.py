@@ -9,14 +9,19 @@ split across however many workers there are, so the optimisation does not depend
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
+from elastic_train.faithful.reads import record
 from elastic_train.ingest.cursor import Cursor, share
 from elastic_train.torch.model import get_device
 from elastic_train.worker.session import get_session
+
+logger = logging.getLogger(__name__)
 
 
 class ElasticBatchSampler:
@@ -108,6 +113,9 @@ class ElasticDataLoader:
         self._reshard = True
 
     def __len__(self) -> int:
+        """The epoch's steps at this world size (a count the loop may hold: faithful/reads.py)."""
+        if self._per_rank_batch is not None:  # the global batch scales with the world
+            record("world_size", self.batch_sampler.world_size, sys._getframe(1))
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
@@ -138,6 +146,34 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def sampling_of(data_loader: DataLoader, seed: int, warn: bool = True) -> tuple[bool, int, bool]:
+    """The `(shuffle, seed, drop_last)` of the elastic sampler that stands for `data_loader`'s sampler.
+
+    Ray Train's rule (ray/train/torch/train_loop_utils.py, `_TorchAccelerator.prepare_data_loader`):
+    a user's `DistributedSampler` is kept as it is, so its `shuffle`, `seed` and `drop_last` carry
+    over (its seed wins over `seed`); any other sampler gives way to `DistributedSampler(shuffle=not
+    isinstance(sampler, SequentialSampler))`, seeded `seed`, over the whole dataset. A sampler that is
+    not a permutation of the dataset (`WeightedRandomSampler`, `SubsetRandomSampler`, a custom one)
+    is thus replaced by a shuffle of every index: `warn` logs that, as Ray does. `drop_last` is also
+    the loader's own: the elastic sampler drops the epoch's last incomplete global batch.
+    """
+    sampler = data_loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle), int(sampler.seed), bool(sampler.drop_last or data_loader.drop_last)
+    shuffle = not isinstance(sampler, SequentialSampler)
+    permutes = isinstance(sampler, SequentialSampler) or (
+        isinstance(sampler, RandomSampler) and not sampler.replacement
+        and sampler.num_samples == len(data_loader.dataset))  # what DataLoader(shuffle=True) builds
+    if warn and not permutes:
+        logger.warning(
+            "prepare_data_loader: the DataLoader's %s is replaced by a shuffled, resumable sampler over all "
+            "%d samples of the dataset (seed %d, a new order each epoch), as Ray Train replaces it by "
+            "DistributedSampler(shuffle=True): its weights, subset or draws with replacement are not kept. "
+            "Pass add_dist_sampler=False to keep the loader as it is (unsharded, and not resumed mid-epoch).",
+            type(sampler).__name__, len(data_loader.dataset), seed)
+    return shuffle, seed, bool(data_loader.drop_last)
+
+
 def prepare_data_loader(
     data_loader: DataLoader,
     add_dist_sampler: bool = True,
@@ -149,7 +185,11 @@ def prepare_data_loader(
     """Shard `data_loader` across the current ranks and move its batches to `get_device()`.
 
     `global_batch_size` fixes the samples per step across all workers (split among them); by
-    default each worker keeps the loader's own batch size. Shuffling follows the loader's sampler.
+    default each worker keeps the loader's own batch size. Shuffling follows the loader's sampler as in
+    Ray Train (`sampling_of`): any sampler but a `SequentialSampler` shuffles; a `DistributedSampler`
+    the user built keeps its `shuffle`, `drop_last` and `seed`, which wins over `seed` here; a sampler
+    that is not a permutation (`WeightedRandomSampler`, `SubsetRandomSampler`) is replaced by a shuffle
+    of the whole dataset, with a warning.
     """
     del auto_transfer  # batches are moved synchronously; kept for Ray Train's signature
     if not add_dist_sampler:
@@ -162,14 +202,15 @@ def prepare_data_loader(
     global_batch = global_batch_size or data_loader.batch_size * world
     if global_batch < 1:
         raise ValueError(f"prepare_data_loader(global_batch_size={global_batch_size!r}) must be at least 1.")
+    shuffle, seed, drop_last = sampling_of(data_loader, seed, warn=ctx.get_world_rank() == 0)
     sampler = ElasticBatchSampler(
         size=len(data_loader.dataset),
         global_batch=global_batch,
         rank=ctx.get_world_rank(),
         world_size=world,
-        shuffle=isinstance(data_loader.sampler, RandomSampler),
+        shuffle=shuffle,
         seed=seed,
-        drop_last=data_loader.drop_last,
+        drop_last=drop_last,
     )
     inner = DataLoader(
         data_loader.dataset,
@@ -185,4 +226,4 @@ def prepare_data_loader(
     return wrapped
 
 
-__all__ = ["prepare_data_loader", "ElasticBatchSampler", "ElasticDataLoader"]
+__all__ = ["prepare_data_loader", "sampling_of", "ElasticBatchSampler", "ElasticDataLoader"]
