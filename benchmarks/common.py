@@ -228,6 +228,9 @@ def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: 
         yield step, table[ids % TABLE], drawn
 
 
+MAX_WORKERS = 16  # the most workers a benchmark's run has
+
+
 def dataset_rows(config: dict[str, Any], workers: int) -> int:
     """Rows of the Ray Data dataset (`config["data"] == "ray"`): one epoch long enough for the run."""
     return (config["steps"] + 1) * BATCH * workers
@@ -241,7 +244,9 @@ def _sample_ids(api_torch: Any, context: Any, config: dict[str, Any]) -> Iterato
         for batch in api.get_dataset_shard("train").iter_torch_batches(batch_size=BATCH):
             yield batch["id"]
         return
-    samples = torch.arange(dataset_rows(config, context.get_world_size()))
+    # Long enough at any world size the benchmarks run: a dataset sized by the world read here would be
+    # held by the loop, and each recovery that changes the world would re-enter it (faithful/reads.py).
+    samples = torch.arange(dataset_rows(config, MAX_WORKERS))
     yield from api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
 
 

@@ -87,6 +87,9 @@ class GenerationOpened(Event):
     resume_index: int | None = None  # None: from the start, or adopted by a restarted supervisor
     resume_from: str | None = None  # "in place" (the loops went on where they stood), "memory", "storage", or None
     adopted: bool = False
+    # Survivors could have gone on in place, but the loop holds what the new place changes: it was
+    # re-entered, as Ray Train's is ("train.py:23 holds the world size it read (3, now 2)"; policy.unfaithful).
+    reentered_because: str | None = None
 
 
 @dataclass(frozen=True)

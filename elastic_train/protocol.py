@@ -36,6 +36,19 @@ class Position:
     calls: int = 0
 
 
+@dataclass(frozen=True)
+class PlaceRead:
+    """A read of its place the loop made (faithful/reads.py): `what` ("rank", "world_size",
+    "local_rank", "local_world_size", "node_rank") was `value` at `site` (file:line, `text` its
+    statement); `held`: the statement keeps the value, else it was used where read in the step under way."""
+
+    site: str
+    what: str
+    value: int
+    held: bool
+    text: str = ""
+
+
 @dataclass
 class Outcome:
     exit: Exit
@@ -49,6 +62,7 @@ class Outcome:
     unagreed: Report | None = None
     # Still inside its loop, which goes on from here if the next generation re-forms in place.
     in_place: Position | None = None
+    reads: tuple[PlaceRead, ...] = ()  # what the loop holds of its place (supervisor/policy.py `unfaithful`)
 
     @classmethod
     def user_error(cls, generation: int, exc: BaseException, detail: str, exit: Exit = Exit.USER_ERROR) -> "Outcome":

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from elastic_train.faithful import reads
+
 Shares = list[list[int]]  # each rank's rows of one global batch, by rank
 
 
@@ -87,6 +89,7 @@ class Cursor:
 
     def draw(self, chunk: list[int], world_size: int) -> Shares:
         """Global batch `chunk` was drawn: it leaves the owed rows and the order's; returns its shares."""
+        reads.drawn()  # a step of the loop may begin (faithful/reads.py)
         taken = min(len(chunk), len(self.owed))
         self.owed = self.owed[taken:]
         self.position += len(chunk) - taken

@@ -252,9 +252,24 @@ class Controller:
             self.fail(decision.reason)
 
     def _in_place(self, candidates: list[WorkerRecord]) -> Position | None:
-        """Where `candidates` would go on in place as the next generation (policy.in_place)."""
-        return policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
-                                and w.rank >= 0 else None for w in candidates], [w.rank for w in candidates])
+        """Where `candidates` would go on in place as the next generation (policy.in_place), if that is
+        faithful (policy.unfaithful)."""
+        return self._going_on(candidates)[0]
+
+    def _going_on(self, candidates: list[WorkerRecord]) -> tuple[Position | None, str | None]:
+        """Where `candidates` go on in place, or why they would not compute there what a re-entered
+        loop computes (then None, and the reason)."""
+        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
+                              and w.rank >= 0 else None for w in candidates], [w.rank for w in candidates])
+        if at is None:
+            return None, None
+        placements = plan_generation(candidates, self._generation, self._scaling.max_workers, False).placements
+        world = len(placements)
+        places = [{"rank": p.rank, "world_size": world, "local_rank": p.local_rank,
+                   "local_world_size": p.local_world_size, "node_rank": p.node_rank}
+                  for p in (placements[w.worker_id] for w in candidates)]
+        why = policy.unfaithful([w.outcome.reads for w in candidates], places)
+        return (None, why) if why is not None else (at, None)
 
     def _views(self) -> list[policy.Member]:
         return [policy.Member.of(m) for m in self.members()]
@@ -321,7 +336,7 @@ class Controller:
 
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
         survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
-        at = self._in_place(survivors)
+        at, why = self._going_on(survivors)
         if at is not None and len(survivors) < len(candidates):
             newest = self._newest_state(candidates)
             if not policy.newcomers_join(at, newest.index if newest else None):
@@ -331,6 +346,7 @@ class Controller:
         records = {w.worker_id: w for w in candidates}
         chosen = [records[worker_id] for worker_id in plan.placements]
         at = self._in_place(chosen)
+        why = why if at is None else None  # the survivors' loops hold what their new places change
         previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
         self.reports.close(self._generation)
         self._generation += 1
@@ -355,7 +371,7 @@ class Controller:
             self._generation, len(chosen),
             {w.worker_id: {"rank": plan.placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
             resume_index=resume.index if resume else None,
-            resume_from=_resumed_from(resume, at is not None)))
+            resume_from=_resumed_from(resume, at is not None), reentered_because=why))
         self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen), reason=reason or None)
 
     # == what workers and the driver ask of the run ====================================================

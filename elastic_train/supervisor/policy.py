@@ -7,11 +7,11 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.protocol import Exit, Position, ResumePlan
+from elastic_train.protocol import Exit, PlaceRead, Position, ResumePlan
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 
 if TYPE_CHECKING:
@@ -217,6 +217,26 @@ def in_place(positions: list[Position | None], ranks: list[int]) -> Position | N
     if positions[0].at == "rooted" and 0 not in ranks:
         return None
     return positions[0]
+
+
+_NAMES = {"rank": "rank", "world_size": "world size", "local_rank": "local rank",
+          "local_world_size": "local world size", "node_rank": "node rank"}
+
+
+def unfaithful(reads: Sequence[Sequence[PlaceRead]], places: Sequence[Mapping[str, int]]) -> str | None:
+    """Why going on in place would change what the loops compute: each member's reads of its place
+    (faithful/reads.py) against its place in the next generation, in the same order. Ray Train re-runs
+    the loop at every new world, so a value the loop holds from the old one (a batch size from the
+    world size, a rank read once), or used in the step that failed (a loss divided by the world size
+    before its all-reduce), would be computed afresh there: where the new place changes one, the loop
+    is re-entered, as Ray's is. None: nothing the loops read changes (a rank that keeps its number)."""
+    for member, place in zip(reads, places):
+        for read in member:
+            now = place.get(read.what)
+            if now is not None and now != read.value:
+                how = "holds the" if read.held else "used, in the step the peer was lost in, the"
+                return f"{read.site} {how} {_NAMES.get(read.what, read.what)} it read ({read.value}, now {now})"
+    return None
 
 
 def newcomers_join(at: Position, newest: int | None) -> bool:

@@ -19,7 +19,8 @@ import ray
 import torch.distributed as dist
 
 from elastic_train.config import CheckpointConfig, ElasticConfig
-from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, Position, Stop, WorkerInfo
+from elastic_train.faithful.reads import track_environment
+from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, PlaceRead, Position, Stop, WorkerInfo
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import GenerationEnded, PeerLost
@@ -70,6 +71,7 @@ class TrainWorker:
         self.worker_id = worker_id
         self._supervisor = supervisor
         self._spec = spec
+        track_environment()  # the loop's reads of RANK, WORLD_SIZE, ... (faithful/reads.py)
         if spec.elastic.snapshot_memory_retain_mb is not None:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
         self._held = Holdings(spec.elastic.checkpoints_in_memory, self._send_replica)
@@ -254,12 +256,12 @@ class TrainWorker:
             logger.warning("worker %d: reports of generation %d not received by the supervisor within "
                            "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
 
-    def _reform(self, position: Position) -> Assignment | None:
+    def _reform(self, position: Position, reads: tuple[PlaceRead, ...]) -> Assignment | None:
         """`SessionHost.reform`: park from inside the loop; join the next generation's group when its
         loops go on in place, else keep its place for `run` once the loop unwound."""
         generation = self._assignment.generation
         self._leave(generation)
-        place = self._park(self._left(Outcome(Exit.UNWOUND, generation, in_place=position), generation))
+        place = self._park(self._left(Outcome(Exit.UNWOUND, generation, in_place=position, reads=reads), generation))
         if not isinstance(place, Assignment) or place.previous_ranks is None:
             self._next = place if place is not None else Stop("the supervisor is gone")
             return None

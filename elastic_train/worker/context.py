@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ import fsspec
 
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.constants import working_dirs_root
+from elastic_train.faithful.reads import record
 from elastic_train.protocol import Assignment
 
 
@@ -78,20 +80,26 @@ class TrainContext:
     run: RunInfo
     storage: RunStorage
 
+    # The place's reads are the loop's (faithful/reads.py): a recovery that changes one it holds re-enters it.
     def get_world_rank(self) -> int:
-        return self.assignment.rank
+        return self._read("rank", self.assignment.rank)
 
     def get_world_size(self) -> int:
-        return self.assignment.world_size
+        return self._read("world_size", self.assignment.world_size)
 
     def get_local_rank(self) -> int:
-        return self.assignment.local_rank
+        return self._read("local_rank", self.assignment.local_rank)
 
     def get_local_world_size(self) -> int:
-        return self.assignment.local_world_size
+        return self._read("local_world_size", self.assignment.local_world_size)
 
     def get_node_rank(self) -> int:
-        return self.assignment.node_rank
+        return self._read("node_rank", self.assignment.node_rank)
+
+    @staticmethod
+    def _read(what: str, value: int) -> int:
+        record(what, value, sys._getframe(2))
+        return value
 
     def get_generation(self) -> int:
         """The membership generation: it grows by one at every change of the worker set."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Protocol
 
 from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig
-from elastic_train.protocol import Assignment, HeldCheckpoint, Position, Report
+from elastic_train.protocol import Assignment, HeldCheckpoint, PlaceRead, Position, Report
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.memory import Part
 from elastic_train.worker.persister import PartUpload
@@ -86,7 +86,8 @@ class SessionHost(Protocol):
     def unwind_at(self, index: int) -> None:
         """Leave the loop at report `index` (or the first after)."""
 
-    def reform(self, position: Position) -> Assignment | None:
+    def reform(self, position: Position, reads: tuple[PlaceRead, ...]) -> Assignment | None:
         """A collective of the loop's step failed: park at the supervisor from inside the loop, which
         stands at `position`. Returns the next generation's place, its group joined, when the loop goes
-        on in place; None when it must unwind (the worker then runs the place it was given)."""
+        on in place; None when it must unwind (the worker then runs the place it was given). `reads`:
+        what the loop holds of its place, which the next generation's places must not change."""

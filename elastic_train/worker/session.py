@@ -22,6 +22,7 @@ from elastic_train.checkpoint.checkpoint import Checkpoint, needs_replica
 from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.errors import GenerationEnded, PeerLost
+from elastic_train.faithful import reads
 from elastic_train.protocol import HeldCheckpoint, Pace, Position, PreemptionInfo, Report
 from elastic_train.worker.context import TrainContext
 from elastic_train.worker.host import SessionHost, SessionSetup
@@ -68,6 +69,7 @@ class TrainSession:
         self._bound_to_world = False
         self._reduces_steps = False  # the step's gradients go through our comm hook (torch/reduction.py)
         self._exchange = PartExchange(setup.worker_id, host.hold_replica)  # small parts to the buddy (part_exchange.py)
+        self.reads = reads.PlaceReads()  # what the loop read of its place (faithful/reads.py)
 
     # -- the user's API -------------------------------------------------------------------------
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, *,
@@ -89,6 +91,7 @@ class TrainSession:
         with self._clock.in_report() as pace:
             self._report(metrics, checkpoint, dir_name, mode, delete_local, upload_fn, pace)
             self._exchange.sent(self.index)
+        self.reads.step_done()
 
     def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, dir_name: str | None,
                 mode: CheckpointUploadMode, delete_local: bool, upload_fn: Callable[[Checkpoint, str], Checkpoint] | None,
@@ -224,6 +227,7 @@ class TrainSession:
         index, steps, _ = self._reduced
         self._reduced = (self.index, steps + 1 if index == self.index else 1, collectives_made())
         self._loaders.trained()
+        self.reads.step_done()
 
     @property
     def recovers_in_place(self) -> bool:
@@ -262,7 +266,7 @@ class TrainSession:
         if at in ("collective", "rooted") and not self._reduces_steps:
             return False
         self._lockstep.settle_pending()
-        place = self._host.reform(position)
+        place = self._host.reform(position, self.reads.relevant(at))
         if place is None:
             return False
         self._went_on_from = position
@@ -387,6 +391,7 @@ def set_session(session: TrainSession | None) -> None:
     global _current
     _current = session
     follow(session)
+    reads.follow(session.reads if session is not None else None)
     if session is not None:
         for hook in list(_session_hooks):
             hook(session)

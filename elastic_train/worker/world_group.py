@@ -28,12 +28,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+from elastic_train.faithful.reads import record
 
 logger = logging.getLogger(__name__)
 
 _GLOO = dist.ProcessGroup.BackendType.GLOO
 _CPU = torch.device("cpu")
 _DDP_INIT = DistributedDataParallel.__init__.__code__
+# The loop's reads of its place through torch: `dist.get_rank()`, `dist.get_world_size()`, and a
+# `DistributedSampler` built without them (faithful/reads.py); torch's own reads elsewhere are not the loop's.
+_READERS = frozenset(f.__code__ for f in (c10d.get_rank, c10d.get_world_size, c10d._get_group_size,
+                                          DistributedSampler.__init__))
 
 
 class Loop(Protocol):
@@ -85,10 +92,14 @@ class WorldGroup(dist.ProcessGroup):
         self._register_backend(_CPU, _GLOO, current._get_backend(_CPU))
 
     def rank(self) -> int:
-        return _following.current.rank()
+        rank = _following.current.rank()
+        record("rank", rank, sys._getframe(1), _READERS)
+        return rank
 
     def size(self) -> int:
-        return _following.current.size()
+        size = _following.current.size()
+        record("world_size", size, sys._getframe(1), _READERS)
+        return size
 
     def getBackendName(self) -> str:
         return "gloo"

@@ -1,0 +1,159 @@
+"""Where a loop reads its place, and whether it holds what it read: the static half of faithfulness.
+
+A *site* is the expression in the loop's source that read its rank, world size or the like (a call of
+`get_context().get_world_rank()`, `dist.get_world_size()`, `os.environ["RANK"]`, `len(loader)`,
+`DistributedSampler(...)`). The site *holds* its value when the value (or anything made from it)
+outlives the statement: assigned to a name or attribute, a `for`'s iterable, a `with ... as`, a
+`return` or lambda body, a default argument, or anything not known to drop it. It is *used where read*
+when the statement drops it once done: an `if`/`while`/`assert` condition, or an expression statement
+(`loss.div_(dist.get_world_size())`). It is *logged* when it is an argument of a call named as logging
+is (`print`, `logger.info`, `log_metrics`, `writer.add_scalar`, `bar.set_postfix`): it shapes no value
+the loop computes. Unsure counts as held: a held value the recovery changes makes the loop re-enter, as
+Ray Train's would, never go on wrongly.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+HELD, USED, LOGGED = "held", "used", "logged"
+FRAME, STEP = "frame", "step"
+_LOGGING = re.compile(r"^(print|pprint|log\w*|\w+_log|info|debug|warn|warning|error|exception|critical|"
+                      r"add_scalars?|set_postfix\w*|set_description\w*)$")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One read's place in the source: `file:line`, what its statement does with it, and its text."""
+
+    file: str
+    line: int
+    use: str  # HELD, USED or LOGGED
+    text: str  # the statement's first line, stripped
+    # HELD in local names of its function alone, each used there where read (sites of USED or LOGGED):
+    # FRAME, held only while that function runs (a helper's `rank = ctx.get_world_rank()` then
+    # `if rank == 0: save()`); STEP, assigned afresh in each pass of a loop, spent with the step as a
+    # USED read is (`record = {"world": ctx.get_world_size()}` then `log(record)`); None: held.
+    spent_with: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.use == HELD
+
+    @property
+    def where(self) -> str:
+        return f"{_short(self.file)}:{self.line}"
+
+
+def use_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
+    """What the statement around `node` does with `node`'s value: HELD (kept, or a value made from it
+    is), USED (dropped once the statement is done) or LOGGED (an argument of a logging call)."""
+    child = node
+    while True:
+        parent = parents.get(child)
+        if isinstance(parent, ast.Call) and child is not parent.func and _LOGGING.match(_name(parent.func)):
+            return LOGGED
+        if parent is None or isinstance(parent, (ast.Lambda, ast.Return, ast.Yield, ast.YieldFrom,
+                                                 ast.arguments, ast.NamedExpr, ast.comprehension)):
+            return HELD
+        if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            return HELD if child is parent.value else USED  # in a target (`buf[rank] = x`): an index
+        if isinstance(parent, (ast.For, ast.AsyncFor)):
+            return HELD if child is parent.iter else USED
+        if isinstance(parent, ast.withitem):
+            return HELD if parent.optional_vars is not None else USED
+        if isinstance(parent, (ast.If, ast.While, ast.Assert)):
+            return USED if child is parent.test else HELD
+        if isinstance(parent, ast.Expr):
+            return USED
+        if isinstance(parent, ast.stmt):
+            return HELD
+        child = parent
+
+
+def _name(func: ast.expr) -> str:
+    """The name a call is made by: `print`, `info` of `logger.info`."""
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+@dataclass
+class _Source:
+    """A file's syntax tree, its nodes by exact span, and each node's parent."""
+
+    spans: dict[tuple[int, int, int, int], ast.AST]
+    parents: dict[ast.AST, ast.AST]
+    lines: list[str]
+
+
+@lru_cache(maxsize=256)
+def _source(file: str) -> _Source | None:
+    lines = linecache.getlines(file)
+    if not lines:
+        return None
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return None
+    spans: dict[tuple[int, int, int, int], ast.AST] = {}
+    parents: dict[ast.AST, ast.AST] = {}
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            parents[child] = parent
+            if isinstance(child, ast.expr):
+                spans.setdefault((child.lineno, child.col_offset, child.end_lineno, child.end_col_offset), child)
+    return _Source(spans, parents, lines)
+
+
+def site(file: str, line: int, position: tuple[int | None, int | None, int | None, int | None]) -> Site:
+    """The site of the expression at `position` (line, end line, column, end column: a frame's
+    instruction position, `co_positions()`) in `file`: held unless its statement is known to drop it."""
+    source = _source(file)
+    start, end, column, end_column = position
+    node = source.spans.get((start, column, end, end_column)) if source is not None else None  # type: ignore[arg-type]
+    text = source.lines[line - 1].strip() if source is not None and 0 < line <= len(source.lines) else ""
+    use = HELD if node is None else use_of(node, source.parents)
+    return Site(file, line, use, text, spent_with(node, source.parents) if use == HELD else None)
+
+
+def spent_with(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
+    """When a HELD `node`'s value is spent (Site.spent_with): it must be assigned to local names of
+    the function it is read in, each of whose uses there drops it."""
+    statement = statement_of(node, parents)
+    if not isinstance(statement, ast.Assign) or not all(isinstance(t, ast.Name) for t in statement.targets):
+        return None
+    function, in_loop = parents.get(statement), False
+    while function is not None and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        in_loop = in_loop or isinstance(function, (ast.For, ast.AsyncFor, ast.While))
+        function = parents.get(function)
+    if function is None:
+        return None
+    names = {t.id for t in statement.targets}  # type: ignore[attr-defined]
+    for inner in ast.walk(function):
+        if isinstance(inner, (ast.Global, ast.Nonlocal)) and names & set(inner.names):
+            return None
+        if isinstance(inner, ast.Name) and inner.id in names and isinstance(inner.ctx, ast.Load) \
+                and use_of(inner, parents) == HELD:
+            return None
+    return STEP if in_loop else FRAME
+
+
+def statement_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST:
+    """The statement that holds `node`."""
+    while not isinstance(node, ast.stmt) and node in parents:
+        node = parents[node]
+    return node
+
+
+def parents_of(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+
+
+def _short(file: str) -> str:
+    """`file` as a message names it: its last two path parts."""
+    parts = file.replace("\\", "/").split("/")
+    return "/".join(parts[-2:])
