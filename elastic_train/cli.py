@@ -5,10 +5,12 @@
     elastic-train checkpoints RUN_PATH [--verify]  committed checkpoints (and whether their files are whole)
     elastic-train timeline RUN_PATH -o out.png     step rate, world size, faults and commits over time
     elastic-train status NAME [--address auto]     the live run on the Ray cluster, worker by worker
+    elastic-train check PATH [--all]               the reads of its place that make a loop re-enter, not go on in place
 
 RUN_PATH is a run's folder as `Result.path` gives it, STORAGE a `storage_path`: a local folder or
 any fsspec URL; `-O key=value` passes storage options (credentials usually come from the
-environment, as for the run). All but `status` read the run's folder only: JSON and manifests.
+environment, as for the run). All but `status` and `check` read the run's folder only: JSON and
+manifests; `check` reads a training script's source (without running it).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from elastic_train.checkpoint.filesystems import open_filesystem
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError
 from elastic_train.events import RunEnded
+from elastic_train.faithful.check import check_source
+from elastic_train.faithful.sites import LOGGED
 from elastic_train.progress import event_details, format_metrics
 from elastic_train.result import Result
 from elastic_train.run_folder.record import RUN, read_json
@@ -198,6 +203,36 @@ def timeline(run_path: str = typer.Argument(..., help="a run's folder (Result.pa
     result = _result(run_path, _options(storage_option))
     draw(result, output)
     console.print(f"wrote {output}")
+
+
+@app.command()
+def check(script: Path = typer.Argument(..., metavar="PATH", help="a training script, read without running it"),
+          all_reads: bool = typer.Option(False, "--all", help="list the logged reads too (they never matter)")) -> None:
+    """The reads of its place (rank, world size...) in PATH's loops that make it re-enter after a
+    recovery rather than go on in place, and how to write them so it goes on."""
+    console = _console()
+    if not script.is_file():
+        raise typer.BadParameter(f"{script}: {'a folder, not a file' if script.is_dir() else 'no such file'}")
+    try:
+        findings = check_source(script.read_text(encoding="utf-8"), str(script))
+    except UnicodeDecodeError:
+        raise typer.BadParameter(f"{script}: not Python (not UTF-8 text)") from None
+    except OSError as exc:
+        raise typer.BadParameter(f"{script}: {exc.strerror or exc}") from None
+    except (SyntaxError, ValueError) as exc:
+        why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, SyntaxError) else str(exc)
+        raise typer.BadParameter(f"{script}: not Python ({why})") from None
+    shown = [f for f in findings if all_reads or f.use != LOGGED]
+    if shown:
+        table = Table("line", "what", "use", "code", "advice")
+        for finding in shown:  # Text: code such as `buf[rank]` is not rich markup
+            table.add_row(str(finding.line), finding.what, finding.use, Text(finding.text), Text(finding.advice))
+        console.print(table)
+    held = sum(f.held for f in findings)
+    console.print("nothing held: the loop goes on in place after a recovery" if not held else
+                  f"{held} read{' holds its' if held == 1 else 's hold their'} place: "
+                  f"the loop re-enters after a recovery that changes {'it' if held == 1 else 'them'}",
+                  markup=False, highlight=False)
 
 
 def main() -> None:
