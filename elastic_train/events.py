@@ -148,6 +148,16 @@ class WorkerLeft(Event):
     cause: str
 
 
+@dataclass(frozen=True)
+class WorkerReady(Event):
+    """A new worker (a replacement, or one a node added) is ready for a place: its warm-up done."""
+
+    kind: ClassVar[str] = "worker_ready"
+    worker_id: int
+    pid: int
+    node_id: str
+
+
 LOST_KINDS = (WorkerLost.kind, WorkerLeft.kind)  # a worker leaving the run, with its `cause`
 
 

@@ -190,7 +190,7 @@ class RayDDPStrategy(_ForLightning):
             persistent_workers=dataloader.persistent_workers,
         )
         loader = prepare_data_loader(plain, move_to_device=False, global_batch_size=self.global_batch_size,
-                                     seed=sampler.seed)  # Lightning moves batches itself
+                                     seed=sampler.seed, resume_mid_epoch=True)  # Lightning moves batches itself
         # Lightning warns that a mid-epoch checkpoint is unsafe for a loader without state_dict(); this
         # one resumes from the position recorded with the checkpoint's report (not in the .ckpt, which
         # then loads in a plain Trainer too).

@@ -39,8 +39,10 @@ class Position:
 @dataclass(frozen=True)
 class PlaceRead:
     """A read of its place the loop made (faithful/reads.py): `what` ("rank", "world_size",
-    "local_rank", "local_world_size", "node_rank") was `value` at `site` (file:line, `text` its
-    statement); `held`: the statement keeps the value, else it was used where read in the step under way."""
+    "local_rank", "local_world_size", "node_rank"; "epoch_steps", a prepared loader's length;
+    "combined", a collective after its steps: faithful/combines.py) was `value` at `site` (file:line,
+    `text` its statement); `held`: the statement keeps the value, else it was used where read in the
+    step under way."""
 
     site: str
     what: str

@@ -106,7 +106,8 @@ def sample_counting_loop(config: dict) -> None:
     """Counts, in replicated model state, how often each sample contributed to a step.
 
     Each step, every rank adds ones at its batch's sample ids and the counts are all-reduced; the
-    count vector is checkpointed every step. After a clean run of E epochs every count is E: any
+    count vector is checkpointed every step, and a re-entered loop's loader goes on mid-epoch
+    (`prepare_data_loader(resume_mid_epoch=True)`). After a clean run of E epochs every count is E: any
     sample skipped or repeated within an epoch (across kills and resizes) shows up as a wrong count.
     """
     import torch.distributed as dist
@@ -121,7 +122,8 @@ def sample_counting_loop(config: dict) -> None:
         state = checkpoint.to_dict()
         counts, step = state["counts"], state["step"]
     loader = prepare_data_loader(
-        DataLoader(torch.arange(n), batch_size=4, shuffle=True), global_batch_size=config["global_batch_size"]
+        DataLoader(torch.arange(n), batch_size=4, shuffle=True), global_batch_size=config["global_batch_size"],
+        resume_mid_epoch=True,  # no fast-forward of its own: the loader goes on from the checkpoint's position
     )
     ctx = et.get_context()
     # The loader knows the epoch to go on in: a checkpoint of an epoch's last step resumes in the next.

@@ -43,6 +43,7 @@ def _use(source: str) -> str:
     ("loss.div_(ctx.get_world_size())", USED),
     ("(loss / ctx.get_world_size()).backward()", USED),
     ("buf[ctx.get_world_size() - 1] = 0", USED),
+    ("loader = prepare_data_loader(DataLoader(data, sampler=DistributedSampler(data, ctx.get_world_size())))", HELD),
     ("print(f'world {ctx.get_world_size()}')", LOGGED),
     ("logger.info('world %d', ctx.get_world_size())", LOGGED),
     ("log_progress(dir, world=ctx.get_world_size())", LOGGED),
@@ -50,6 +51,17 @@ def _use(source: str) -> str:
 ])
 def test_what_a_statement_does_with_a_read(source, use):
     assert _use(source) == use
+
+
+@pytest.mark.parametrize("source, use", [
+    ("loader = prepare_data_loader(DataLoader(data, sampler=DistributedSampler(data, shuffle=True)))", USED),
+    ("sampler = DistributedSampler(data, shuffle=True)", HELD),
+])
+def test_a_distributed_sampler_handed_to_prepare_data_loader_keeps_nothing_of_its_world(source, use):
+    """prepare_data_loader keeps the sampler's shuffle, seed and drop_last, not its replicas or rank."""
+    tree = ast.parse(source)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "DistributedSampler")
+    assert use_of(call, parents_of(tree)) == use
 
 
 class _Context:
@@ -193,3 +205,37 @@ def test_what_the_loop_used_after_its_step_is_spent_at_the_next_draw_not_between
         assert [r.what for r in tracker.relevant("gradients")] == ["world_size"]
     finally:
         reads.follow(None)
+
+
+class _Dist:
+    def all_reduce(self, value):
+        return value
+
+
+def _sums_all_reduced_after_the_epoch(tracker: reads.PlaceReads) -> tuple[PlaceRead, ...]:
+    found: tuple[PlaceRead, ...] = ()
+    for _epoch in range(1):
+        total = 0
+        for step in range(2):
+            total += step
+            found = tracker.relevant("gradients")  # where a failed collective of the step parks
+        _Dist().all_reduce(total)
+    return found
+
+
+def _each_steps_value_all_reduced(tracker: reads.PlaceReads) -> tuple[PlaceRead, ...]:
+    found: tuple[PlaceRead, ...] = ()
+    for step in range(2):
+        _Dist().all_reduce(step)
+        found = tracker.relevant("gradients")
+    return found
+
+
+def test_a_collective_after_the_step_loop_combines_per_rank_values_and_is_not_faithful_to_go_on():
+    """faithful/combines.py: per-rank sums all-reduced after the epoch's steps would miss a lost rank's
+    share if the loop went on in place; a collective of each step's own values would not."""
+    found = _sums_all_reduced_after_the_epoch(reads.PlaceReads())
+    assert [(r.what, r.text) for r in found] == [("combined", "_Dist().all_reduce(total)")]
+    why = policy.unfaithful([found], [{"rank": 0, "world_size": 1}])
+    assert why.startswith("tests/test_faithful.py:") and "combines, after the steps it stands in" in why
+    assert _each_steps_value_all_reduced(reads.PlaceReads()) == ()

@@ -71,17 +71,24 @@ def run(run_dirs: dict, scaling, fault: dict | list[dict], elastic: ElasticConfi
 @pytest.mark.parametrize("scaling, killed", [((1, 2), 0), (2, 1)])
 def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins_at_a_checkpoint(
         local_ray, run_dirs, scaling, killed):
-    """Fixed size (2): the survivor goes on alone while the replacement starts; it joins at the next
-    report that carries a checkpoint, where every rank starts from that checkpoint: no step lost.
+    """Fixed size (2): the survivor goes on alone while the replacement starts; once it is ready, every
+    loop is re-entered at the full size from the newest checkpoint in memory, within 1 s (as Ray Train
+    restarts at its size). Elastic (1, 2): it joins at the next report carrying a checkpoint.
     Rank 0 killed: the survivor, rank 1, read its rank in the step the peer was lost in (the loop's
     fault injection, tests/loops.py `fault_once`), and the recovery makes it rank 0: its loop is
     re-entered from memory, as Ray Train's would be, and the event names that line."""
     result, config = run(run_dirs, scaling, {"kind": "kill", "rank": killed, "at_step": 103})
     check_run(result, run_dirs["log_dir"], config, ["in place", "memory"] if killed else ["memory"],
-              reentered=killed == 0)
+              reentered=killed == 0 or scaling == 2)
     if killed == 0:
         assert "guide_loops.py:111 used, in the step the peer was lost in, the rank it read (1, now 0)" in \
             reentered_because(result)
+    if scaling == 2:  # a fixed size: back at it within 1 s of the replacement being ready
+        events = read_events(RunStorage.at(result.path))
+        first = next(e for e in events if e["kind"] == "generation")
+        ready = next(e for e in events if e["kind"] == "worker_ready" and str(e["worker_id"]) not in map(str, first["members"]))
+        back = next(e for e in events if e["kind"] == "generation" and e["world_size"] == 2 and e["t"] > ready["t"])
+        assert back["t"] - ready["t"] < 1.0, (ready, back)
     committed = RunStorage.at(result.path).committed()
     assert len(committed) == EPOCHS, f"an epoch's checkpoint was not stored: {[c.index for c in committed]}"
     regrown = [p for p in read_progress(run_dirs["log_dir"]) if p.get("generation", 0) >= 2]
@@ -144,10 +151,11 @@ def test_a_worker_stopped_mid_step_is_dropped_and_the_survivor_goes_on(local_ray
 def test_a_preemption_notice_the_survivor_goes_on_from_the_report_where_the_worker_leaves(local_ray, run_dirs):
     """SIGTERM to rank 1 mid-epoch, in a loop that reports metrics every step and a checkpoint every
     epoch: every rank leaves the group at the next report, which carries no checkpoint; the survivor
-    goes on from there rather than from the epoch's checkpoint."""
+    goes on from there rather than from the epoch's checkpoint (until the replacement is ready: then
+    every loop re-enters at the full size, from the newest checkpoint)."""
     result, config = run(run_dirs, 2, {"kind": "term", "rank": 1, "at_step": 103}, report_every_step=True,
                          elastic=ElasticConfig(preemption_sigterm_grace_s=5.0))
-    check_run(result, run_dirs["log_dir"], config, ["in place"])
+    check_run(result, run_dirs["log_dir"], config, ["in place"], reentered=True)
 
 
 @pytest.mark.timeout(300)

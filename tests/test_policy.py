@@ -123,6 +123,17 @@ def test_finishing_growing_and_collective_failures():
 
 
 @pytest.mark.timeout(10)
+def test_a_fixed_size_run_below_its_size_is_back_at_it_as_soon_as_its_replacement_is_ready():
+    """Its survivors went on at N - 1; the replacement parked: every loop re-enters at N now (from
+    the newest checkpoint in memory), not at the next report carrying a checkpoint."""
+    assert _running([Member(0, 0)], standby=1) == Decision(Do.RESTART, "1 replacement(s) ready: back at 2 workers")
+    assert _running([Member(0, 0)], standby=0) == Decision(Do.WAIT)
+    mid_step = Position(7, 1)
+    assert not policy.newcomers_join(mid_step, 5)  # they would make the survivors redo steps 6 and 7
+    assert policy.newcomers_join(mid_step, 5, back_at_size=True)  # ... as Ray's restart at full size does
+
+
+@pytest.mark.timeout(10)
 def test_scheduling_opens_when_enough_workers_are_ready_or_fails_clearly():
     elastic = ElasticConfig(min_workers_timeout_s=60, initial_placement_timeout_s=30)
     kw = {"scaling": FIXED_2, "elastic": elastic, "first": False, "expected_initial": 2}

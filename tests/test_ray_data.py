@@ -37,15 +37,18 @@ def _steps_disjoint(log_dir: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_guide_loop_on_ray_data_goes_on_in_place_when_a_worker_is_killed_mid_epoch(data_ray, run_dirs):
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_guide_loop_on_ray_data_goes_on_in_place_when_a_worker_is_killed_mid_epoch(data_ray, run_dirs, killed):
     """tests/guide_loops.py with `data="ray"`: DDP through prepare_model, rank 0 saves once an epoch.
-    Rank 0 is SIGKILLed in epoch 1's fourth step: the survivor goes on in place with the lost rank's
-    rows first, the replacement joins at the epoch's checkpoint; every row once an epoch, and the
-    weights of a fault-free run through the same steps."""
-    config = {"epochs": 6, "step_time": 0.1, "data": "ray", "fault": {"kind": "kill", "rank": 0, "at_step": 103}}
+    Rank 1 is SIGKILLed in epoch 1's fourth step: the survivor goes on in place with the lost rank's
+    rows first, the replacement joins once ready; every row once an epoch, and the weights of a
+    fault-free run through the same steps. Rank 0 killed: the survivor read its rank in that step and
+    is renumbered, so its loop is re-entered from memory (as Ray Train's), with the same checks."""
+    config = {"epochs": 6, "step_time": 0.1, "data": "ray", "fault": {"kind": "kill", "rank": killed, "at_step": 103}}
     result = make_trainer(run_dirs, (1, 2), __import__("tests.guide_loops").guide_loops.guide_loop,
                           datasets={"train": ray_dataset()}, **config).fit()
-    check_run(result, run_dirs["log_dir"], config, ["in place", "memory"])
+    check_run(result, run_dirs["log_dir"], config, ["in place", "memory"] if killed else ["memory"],
+              reentered=killed == 0)
 
 
 @pytest.mark.timeout(240)

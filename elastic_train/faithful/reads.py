@@ -20,6 +20,7 @@ import sysconfig
 import threading
 from types import CodeType, FrameType
 
+from elastic_train.faithful.combines import combined_after_steps
 from elastic_train.faithful.sites import FRAME, LOGGED, STEP, Site, site
 from elastic_train.protocol import PlaceRead
 
@@ -71,7 +72,8 @@ class PlaceReads:
             running.add(frame.f_code)
             frame = frame.f_back
         held = tuple(read for read, code in self._held.values() if code is None or code in running)
-        return held + (() if at == "leave" else tuple(self._step.values()))
+        combined = () if at == "leave" else combined_after_steps(sys._getframe(1), loops_file)
+        return held + (() if at == "leave" else tuple(self._step.values())) + combined
 
 
 class _Following:
@@ -109,12 +111,19 @@ def record(what: str, value: int, frame: FrameType | None, through: frozenset[Co
         if through and frame.f_code in through:
             frame = frame.f_back
             continue
-        if not file.startswith(_LIBRARIES) and not file.startswith("<frozen"):
+        if loops_file(file):
             tracker.read(what, value, _site_of(frame), frame.f_code)
             return
         if through:
             return  # torch's own read, inside a collective or a module of its own
         frame = frame.f_back
+
+
+def loops_file(file: str) -> bool:
+    """Is `file` the loop's code: neither the library's, nor an installed package's or Python's own?"""
+    if file.startswith(_OURS):
+        return file in _USERS_OF_OURS
+    return not file.startswith(_LIBRARIES) and not file.startswith("<frozen")
 
 
 def _site_of(frame: FrameType) -> Site:

@@ -47,7 +47,7 @@ class Site:
 
     @property
     def where(self) -> str:
-        return f"{_short(self.file)}:{self.line}"
+        return f"{short_path(self.file)}:{self.line}"
 
 
 def use_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
@@ -58,6 +58,9 @@ def use_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
         parent = parents.get(child)
         if isinstance(parent, ast.Call) and child is not parent.func and _LOGGING.match(_name(parent.func)):
             return LOGGED
+        if isinstance(parent, ast.Call) and _name(parent.func) == "prepare_data_loader" and isinstance(node, ast.Call) \
+                and _name(node.func) == "DistributedSampler":
+            return USED  # handed to prepare_data_loader, which keeps its shuffle, seed and drop_last, not its world
         if parent is None or isinstance(parent, (ast.Lambda, ast.Return, ast.Yield, ast.YieldFrom,
                                                  ast.arguments, ast.NamedExpr, ast.comprehension)):
             return HELD
@@ -82,7 +85,7 @@ def _name(func: ast.expr) -> str:
 
 
 @dataclass
-class _Source:
+class Source:
     """A file's syntax tree, its nodes by exact span, and each node's parent."""
 
     spans: dict[tuple[int, int, int, int], ast.AST]
@@ -91,7 +94,7 @@ class _Source:
 
 
 @lru_cache(maxsize=256)
-def _source(file: str) -> _Source | None:
+def source_of(file: str) -> Source | None:
     lines = linecache.getlines(file)
     if not lines:
         return None
@@ -106,13 +109,13 @@ def _source(file: str) -> _Source | None:
             parents[child] = parent
             if isinstance(child, ast.expr):
                 spans.setdefault((child.lineno, child.col_offset, child.end_lineno, child.end_col_offset), child)
-    return _Source(spans, parents, lines)
+    return Source(spans, parents, lines)
 
 
 def site(file: str, line: int, position: tuple[int | None, int | None, int | None, int | None]) -> Site:
     """The site of the expression at `position` (line, end line, column, end column: a frame's
     instruction position, `co_positions()`) in `file`: held unless its statement is known to drop it."""
-    source = _source(file)
+    source = source_of(file)
     start, end, column, end_column = position
     node = source.spans.get((start, column, end, end_column)) if source is not None else None  # type: ignore[arg-type]
     text = source.lines[line - 1].strip() if source is not None and 0 < line <= len(source.lines) else ""
@@ -153,7 +156,7 @@ def parents_of(tree: ast.AST) -> dict[ast.AST, ast.AST]:
     return {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
 
 
-def _short(file: str) -> str:
+def short_path(file: str) -> str:
     """`file` as a message names it: its last two path parts."""
     parts = file.replace("\\", "/").split("/")
     return "/".join(parts[-2:])

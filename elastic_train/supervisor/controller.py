@@ -20,8 +20,8 @@ from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.errors import StorageError
 from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,
-                                  RunStarted, StateChanged, StopRequested)
-from elastic_train.protocol import Assignment, Outcome, Position, PreemptionInfo, ResumePlan, Stop
+                                  RunStarted, StateChanged, StopRequested, WorkerReady)
+from elastic_train.protocol import Assignment, Exit, Outcome, Position, PreemptionInfo, ResumePlan, Stop
 from elastic_train.run_folder.events import EventLog
 from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor import notices, policy
@@ -339,7 +339,8 @@ class Controller:
         at, why = self._going_on(survivors)
         if at is not None and len(survivors) < len(candidates):
             newest = self._newest_state(candidates)
-            if not policy.newcomers_join(at, newest.index if newest else None):
+            back = len(survivors) < self._scaling.min_workers <= len(candidates)
+            if not policy.newcomers_join(at, newest.index if newest else None, back_at_size=back):
                 candidates = survivors  # they go on in place; the newcomers join at a report with a checkpoint
         plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
                                self._elastic.replicate_checkpoints)
@@ -391,6 +392,8 @@ class Controller:
         if outcome.unagreed is not None and self.is_member(w) and outcome.generation == self._generation:
             self.reports.unagreed(w, outcome.unagreed)
         self.ledger.note_held(w.worker_id, outcome.held)
+        if outcome.exit is Exit.JOINED:
+            self.telemetry.record(WorkerReady(w.worker_id, w.pid, w.node_id))
         return await self.roster.parked(w, outcome, free_port)
 
     def notice(self, w: WorkerRecord, source: str, seconds_left: float | None) -> None:

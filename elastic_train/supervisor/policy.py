@@ -145,6 +145,11 @@ def running(members: list[Member], *, resizing: bool, standby: int, scaling: Sca
         if staying >= scaling.min_workers or (in_place and staying):
             return Decision(Do.OPEN, "resized")
         return Decision(Do.SCHEDULE, "below min workers once the leaving workers left")
+    if standby and len(members) < scaling.min_workers <= len(members) + standby:
+        # Below its size (its survivors went on while the replacement started): back at it now, every
+        # loop re-entered from the newest checkpoint in memory, as Ray Train's restart at full size
+        # would, rather than at the next report carrying a checkpoint (an epoch away, perhaps).
+        return Decision(Do.RESTART, f"{standby} replacement(s) ready: back at {scaling.min_workers} workers")
     if standby and len(members) < scaling.max_workers:
         return Decision(Do.RESIZE, f"{standby} worker(s) ready to join")
     return Decision(Do.WAIT)
@@ -232,6 +237,11 @@ def unfaithful(reads: Sequence[Sequence[PlaceRead]], places: Sequence[Mapping[st
     is re-entered, as Ray's is. None: nothing the loops read changes (a rank that keeps its number)."""
     for member, place in zip(reads, places):
         for read in member:
+            if read.what == "combined":  # faithful/combines.py: a collective after the loop's steps
+                return (f"{read.site} combines, after the steps it stands in, what each rank kept across them "
+                        "(a lost rank's share would be missing)")
+            if read.what == "epoch_steps":  # len() of a prepared loader: going on mid-epoch changes it
+                return f"{read.site} holds the epoch's length it read ({read.value} steps), which going on would change"
             now = place.get(read.what)
             if now is not None and now != read.value:
                 how = "holds the" if read.held else "used, in the step the peer was lost in, the"
@@ -239,13 +249,15 @@ def unfaithful(reads: Sequence[Sequence[PlaceRead]], places: Sequence[Mapping[st
     return None
 
 
-def newcomers_join(at: Position, newest: int | None) -> bool:
-    """Do newcomers join survivors that could go on in place at `at`? Only where the newest
-    checkpoint was made at that very report, every rank leaving the group after it: every rank then
-    starts from it and loses nothing (a newcomer has no state to go on from mid-step, and joining
-    survivors past their last checkpoint would make them redo the steps since). Otherwise the
-    survivors go on alone, and the newcomers join at a report that carries a checkpoint."""
-    return at.at == "leave" and newest == at.index
+def newcomers_join(at: Position, newest: int | None, back_at_size: bool = False) -> bool:
+    """Do newcomers join survivors that could go on in place at `at`? Where the newest checkpoint was
+    made at that very report, every rank leaving the group after it: every rank then starts from it
+    and loses nothing (a newcomer has no state to go on from mid-step). And where they bring a run
+    below its minimum back to it (`back_at_size`): every loop re-enters from the newest checkpoint,
+    as Ray Train's restart at full size does. Otherwise the survivors go on alone, and the newcomers
+    join at a report that carries a checkpoint (joining survivors past their last checkpoint would
+    make them redo the steps since)."""
+    return (at.at == "leave" and newest == at.index) or back_at_size
 
 
 def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],

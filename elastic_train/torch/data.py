@@ -34,6 +34,7 @@ class ElasticBatchSampler:
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch, self.start = 0, 0
         self.owed: list[int] = []  # samples a lost rank drew but did not train, before `start`
+        self.asked_epoch: int | None = None  # set_epoch's, for the next epoch entered from its start
 
     def order(self) -> list[int]:
         if not self.shuffle:
@@ -55,10 +56,10 @@ class ElasticBatchSampler:
             yield share(chunk, self.rank, self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Accepted for loops written for `DistributedSampler` (Ray Train's guides call
-        `loader.sampler.set_epoch(epoch)` each epoch): the loader already walks a new seeded order
-        every epoch and keeps its own epoch count, which survives resizes and recoveries."""
-        del epoch
+        """As `DistributedSampler.set_epoch` (Ray Train's guides call `loader.sampler.set_epoch(epoch)`
+        each epoch): the next epoch entered from its start walks epoch `epoch`'s order. Without it,
+        the loader counts its epochs itself (where a `DistributedSampler` would repeat epoch 0's)."""
+        self.asked_epoch = epoch
 
     def __len__(self) -> int:
         full, rest = divmod(self.size, self.global_batch)
@@ -78,6 +79,7 @@ class ElasticDataLoader:
         self._per_rank_batch = per_rank_batch  # None: the global batch is fixed (`global_batch_size`)
         self._cursor = Cursor()
         self._reshard = False
+        self._epoch_steps: int | None = None  # this epoch's steps, where going on in place changed them
 
     @property
     def sampler(self) -> ElasticBatchSampler:
@@ -89,7 +91,13 @@ class ElasticDataLoader:
         """The epoch being walked; before the first `iter()`, the one a resumed loader goes on in."""
         return self._cursor.epoch
 
-    def resume_from(self, state: dict[str, Any] | None) -> None:
+    def resume_from(self, state: dict[str, Any] | None, mid_epoch: bool = True) -> None:
+        """Go on from a report's loader `state`. Without `mid_epoch` (prepare_data_loader's default),
+        a state in mid-epoch starts that epoch afresh, as the new loader of Ray Train's re-run does:
+        a loop that fast-forwards itself (`if epoch == start and i < skip: continue`) then skips what it
+        trained once, not twice."""
+        if state and not mid_epoch:
+            state = {"epoch": state["epoch"], "position": 0}
         self._cursor.resume_from(state)
 
     def loader_state(self) -> dict[str, Any]:
@@ -113,26 +121,37 @@ class ElasticDataLoader:
         self._reshard = True
 
     def __len__(self) -> int:
-        """The epoch's steps at this world size (a count the loop may hold: faithful/reads.py)."""
-        if self._per_rank_batch is not None:  # the global batch scales with the world
-            record("world_size", self.batch_sampler.world_size, sys._getframe(1))
-        return len(self.batch_sampler)
+        """The epoch's steps: at this world size, or, in an epoch the loop went on in place in, those it
+        walks (the steps drawn, then the rest re-sharded, the lost ranks' shares first). A count the
+        loop may hold (faithful/reads.py): going on in place mid-epoch would change it under it."""
+        steps = self._epoch_steps if self._epoch_steps is not None else len(self.batch_sampler)
+        record("epoch_steps", steps, sys._getframe(1))
+        return steps
 
     def __iter__(self) -> Iterator[Any]:
         cursor = self._cursor
         cursor.enter()
+        asked = self.batch_sampler.asked_epoch
+        if asked is not None and cursor.position == 0 and not cursor.owed:  # set_epoch, as DistributedSampler's
+            cursor.epoch, self.batch_sampler.asked_epoch = asked, None
         device = get_device()
-        resharded = True
+        resharded, walked = True, 0
+        self._epoch_steps = None
         while resharded:  # once, and again from where it stands each time the loop went on in a new group
             sampler = self.batch_sampler
             sampler.epoch, sampler.start, sampler.owed = cursor.epoch, cursor.position, list(cursor.owed)
             self._reshard = resharded = False
-            for chunk, batch in zip(list(sampler.chunks()), self._loader):
+            chunks = list(sampler.chunks())
+            if walked:
+                self._epoch_steps = walked + len(chunks)
+            for chunk, batch in zip(chunks, self._loader):
                 cursor.draw(chunk, sampler.world_size)
+                walked += 1
                 yield _to_device(batch, device) if self._move else batch
                 if self._reshard:
                     resharded = True
                     break
+        self._epoch_steps = None
         cursor.end()
 
 
@@ -181,6 +200,7 @@ def prepare_data_loader(
     auto_transfer: bool = True,
     global_batch_size: int | None = None,
     seed: int = 0,
+    resume_mid_epoch: bool = False,
 ) -> ElasticDataLoader | DataLoader:
     """Shard `data_loader` across the current ranks and move its batches to `get_device()`.
 
@@ -190,6 +210,12 @@ def prepare_data_loader(
     the user built keeps its `shuffle`, `drop_last` and `seed`, which wins over `seed` here; a sampler
     that is not a permutation (`WeightedRandomSampler`, `SubsetRandomSampler`) is replaced by a shuffle
     of the whole dataset, with a warning.
+
+    A loop re-entered from a report made mid-epoch starts that epoch afresh, as Ray Train's re-run does
+    (its loader is new there). `resume_mid_epoch=True` (ours) goes on from the report's position
+    instead, every sample of the epoch trained once: for a loop that does not fast-forward itself.
+    So does a loop resumed from its state kept live (`prepare_model(live_state=True)`): its loaders'
+    positions are all it has. A loop that goes on in place always goes on mid-epoch: it never left it.
     """
     del auto_transfer  # batches are moved synchronously; kept for Ray Train's signature
     if not add_dist_sampler:
@@ -222,7 +248,7 @@ def prepare_data_loader(
         persistent_workers=data_loader.persistent_workers,
     )
     wrapped = ElasticDataLoader(inner, sampler, move_to_device, None if global_batch_size else data_loader.batch_size)
-    wrapped.resume_from(session.register_loader(wrapped))
+    wrapped.resume_from(session.register_loader(wrapped), mid_epoch=resume_mid_epoch or session.resumes_kept_state)
     return wrapped
 
 

@@ -65,6 +65,11 @@ class Resume:
         return self._plan.index if self._plan else 0
 
     @property
+    def state_only(self) -> bool:
+        """Does this generation resume from a state kept live (no checkpoint for the loop to load)?"""
+        return self._plan is not None and self._plan.state_only
+
+    @property
     def loader_states(self) -> list[dict[str, Any]]:
         """The prepared data loaders' positions, in the order the loop prepares them."""
         return list(self._plan.loader_states) if self._plan else []

@@ -361,6 +361,11 @@ class TrainSession:
         """Track a prepared loader; returns the position it resumes from, if any."""
         return self._loaders.register(loader)
 
+    @property
+    def resumes_kept_state(self) -> bool:
+        """The loop resumes from its state kept live: its loaders' positions are all it has of its own."""
+        return self._resume.state_only
+
     def close(self) -> None:
         """The generation is over: finish a report still awaiting its barrier (the loop raised after
         it), and remove what this session wrote to local disk."""

@@ -1,0 +1,96 @@
+"""Programs as users bring them (tests/faithful_programs.py), each holding something derived from its
+world, run on real Ray with a worker SIGKILLed from outside mid-epoch: rank 0 in a fixed-size run,
+rank 1 in an elastic one (fixed as well where Ray's own semantics need the size kept: a scheduler sized
+by `len(loader)`). Each run must compute what Ray Train's semantics compute for the program at the
+world sizes it ran at (the program's checks) and train every sample once an epoch; it goes on in
+place where that is faithful, and is re-entered, the event naming the program's line, where not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+import elastic_train as et
+from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.events import GenerationOpened
+from elastic_train.run_folder.events import read_events
+from tests.faithful_programs import PROGRAMS, every_sample_once_an_epoch
+from tests.helpers import make_trainer
+from tests.loops import read_progress
+
+SIZED_BY_LEN = {"lambda_lr", "one_cycle_lr"}  # Ray's semantics keep their total only at one world size
+HOLD_THEIR_WORLD = {"batch_from_world", "torch_and_environment_reads", "own_validation_sampler", "lambda_lr",
+                    "one_cycle_lr", "per_rank_epoch_sums", "global_step_checkpoints"}  # changed by any loss
+BY_TIMING = {"all_reduce_of_a_world_share"}  # re-entered if the peer is lost in its all-reduce, else in place
+
+
+def expected_path(name: str, victim: int) -> str:
+    """Re-entered where the program holds what the recovery changes; else in place (rank 1 lost: rank 0
+    keeps its number; rank 0 lost: a rank read where it is used answers anew)."""
+    if name in BY_TIMING:
+        return "either"
+    if name in HOLD_THEIR_WORLD or (name == "rank_read_once" and victim == 0):
+        return "re-entered"
+    return "in place"
+
+
+def _cells() -> list[tuple[str, str, object, int]]:
+    cells = []
+    for name in PROGRAMS:
+        cells.append(pytest.param(name, 2, 0, id=f"{name}-fixed-rank0"))
+        cells.append(pytest.param(name, 2 if name in SIZED_BY_LEN else (1, 2), 1,
+                                  id=f"{name}-{'fixed' if name in SIZED_BY_LEN else 'elastic'}-rank1"))
+    return cells
+
+
+class _Killer:
+    """SIGKILLs the process of rank `victim` once it logged epoch 1's second step in generation 0."""
+
+    def __init__(self, log_dir: str, victim: int):
+        self._log_dir, self._victim = log_dir, victim
+        self._done = threading.Event()
+        self.killed: int | None = None
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.02):
+            try:
+                progress = read_progress(self._log_dir)
+            except ValueError:  # a line being written
+                continue
+            for p in progress:
+                if "batches" in p and (p["generation"], p["epoch"], p["step"], p["rank"]) == (0, 1, 1, self._victim):
+                    self.killed = p["pid"]
+                    os.kill(p["pid"], signal.SIGKILL)
+                    return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name, scaling, victim", _cells())
+def test_a_program_computes_what_ray_computes_through_a_kill(local_ray, run_dirs, name, scaling, victim):
+    loop, checks = PROGRAMS[name]
+    killer = _Killer(run_dirs["log_dir"], victim)
+    try:
+        result = make_trainer(run_dirs, scaling, loop).fit()
+    finally:
+        killer.stop()
+    assert killer.killed is not None, "the fault was not injected"
+    assert result.error is None, result.error
+    every_sample_once_an_epoch(run_dirs["log_dir"], result)
+    for check in checks:
+        check(run_dirs["log_dir"], result)
+    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
+    recovery = opened[1]
+    path = expected_path(name, victim)
+    if path == "in place" or (path == "either" and recovery.resume_from == "in place"):
+        assert recovery.resume_from == "in place", opened
+    else:
+        assert recovery.resume_from != "in place" and "faithful_programs.py:" in recovery.reentered_because, opened
