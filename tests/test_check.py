@@ -3,6 +3,8 @@ it runs, each with what its statement does with it and how to write it so the lo
 
 from __future__ import annotations
 
+import ast
+
 import textwrap
 from pathlib import Path
 
@@ -108,20 +110,20 @@ def test_len_of_a_prepared_loader_scales_with_the_world():
             pass
         n = len(ds)
     """)
-    assert [(f.line, f.what, f.use) for f in findings] == [(5, "world_size", HELD), (6, "world_size", HELD),
-                                                          (8, "world_size", USED)]
-    assert "global_batch_size" in findings[0].advice
+    assert [(f.line, f.what, f.use) for f in findings] == [(5, "epoch_steps", HELD), (6, "epoch_steps", HELD),
+                                                          (8, "epoch_steps", USED)]
+    assert "len(loader) - 1" in findings[0].advice
 
 
-def test_len_of_a_loader_with_a_global_batch_size_is_fixed():
-    assert _check("""
+def test_len_of_any_prepared_loader_is_the_epochs_steps_but_not_of_an_unsharded_one():
+    """Even with a fixed global batch, going on mid-epoch changes an epoch's steps (the lost ranks'
+    shares come first in its rest): a held count of them re-enters."""
+    findings = _check("""
         loader = prepare_data_loader(DataLoader(ds, batch_size=8), global_batch_size=32)
-        other = prepare_data_loader(DataLoader(ds, batch_size=8), True, True, True, 32)
         plain = prepare_data_loader(DataLoader(ds, batch_size=8), add_dist_sampler=False)
-        steps = len(loader) + len(other) + len(plain)
-    """) == []
-    (finding,) = _check("loader = prepare_data_loader(dl, global_batch_size=None)\nsteps = len(loader)")
-    assert finding.what == "world_size"
+        steps = len(loader) + len(plain)
+    """)
+    assert [(f.line, f.what, f.use) for f in findings] == [(5, "epoch_steps", HELD)]
 
 
 def test_reads_outside_a_function_are_not_the_loops():
@@ -148,8 +150,7 @@ def test_the_test_loops():
     loops = check_source((TESTS / "loops.py").read_text(), "loops.py")
     both = [f for f in loops if f.text == "rank, world = ctx.get_world_rank(), ctx.get_world_size()"]
     assert [(f.what, f.use) for f in both] == [("rank", HELD), ("world_size", HELD)]
-    # its prepared loader has a global_batch_size, so its length is no read of the world
-    assert not any("len(" in f.text and f.what == "world_size" for f in loops)
+    assert not any("len(" in f.text for f in loops)  # its loops take no len() of a prepared loader
     assert all(f.use == USED for f in loops if f.text == "if ctx.get_world_rank() == 0:")
 
 
@@ -195,3 +196,32 @@ def test_the_command(tmp_path):
     (tmp_path / "notes.txt").write_text("not python: at all\n")
     broken = _invoke(str(tmp_path / "notes.txt"))
     assert broken.exit_code == 2 and "not Python" in broken.output
+
+
+def test_a_collective_after_the_steps_over_a_prepared_loader_is_listed():
+    findings = _check("""
+        loader = prepare_data_loader(DataLoader(ds, batch_size=8))
+        for epoch in range(3):
+            total = 0
+            for i, batch in enumerate(loader):
+                total += batch.sum()
+                dist.all_reduce(loss)
+            dist.all_reduce(total)
+    """)
+    assert [(f.line, f.what) for f in findings] == [(9, "combined")]  # line 1 is the def
+    assert "inside the step loop" in findings[0].advice
+
+
+def test_the_faithful_programs_lines_that_decide():
+    """tests/faithful_programs.py: each program that holds what a recovery changes has its deciding
+    line listed as held (in its own function, or the helper it calls); those that go on, none."""
+    source = (TESTS / "faithful_programs.py").read_text()
+    functions = {node.name: (node.lineno, node.end_lineno) for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.FunctionDef)}
+    held = {name for name, (first, last) in functions.items()
+            for f in check_source(source, "faithful_programs.py") if f.held and first <= f.line <= last}
+    assert held == {"batch_from_world", "rank_read_once", "torch_and_environment_reads", "own_validation_sampler",
+                    "_scheduled", "global_step_checkpoints", "per_rank_epoch_sums"}
+    # its world share is assigned afresh each step and only all-reduced: used, as at run time
+    share = next(f for f in check_source(source, "faithful_programs.py") if f.text.startswith("share = "))
+    assert (share.what, share.use) == ("world_size", USED)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from elastic_train.faithful.combines import COMBINING
 from elastic_train.faithful.reads import ENV
-from elastic_train.faithful.sites import HELD, LOGGED, USED, parents_of, use_of
+from elastic_train.faithful.sites import HELD, LOGGED, STEP, USED, parents_of, spent_with, use_of
 
 _METHODS = {"get_world_rank": "rank", "get_world_size": "world_size", "get_local_rank": "local_rank",
             "get_local_world_size": "local_world_size", "get_node_rank": "node_rank"}
@@ -22,7 +23,6 @@ _TORCH = {"get_rank": "rank", "get_world_size": "world_size"}  # torch.distribut
 _ACCESSORS = {what: name for name, what in _METHODS.items()}  # what -> the get_context() method that reads it
 _WORLDS = ("world_size", "local_world_size")
 _PREPARE = "prepare_data_loader"
-_GLOBAL_BATCH_AT = 4  # its place among prepare_data_loader's positional arguments
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,34 @@ def check_source(source: str, filename: str = "<source>") -> list[Finding]:
             continue
         what, kind = read
         use = use_of(node, parents)
+        if use == HELD and spent_with(node, parents) == STEP:
+            use = USED  # assigned afresh each pass of a loop and only used: spent with its step
         text = lines[node.lineno - 1].strip() if 0 < node.lineno <= len(lines) else ""
         found.append(Finding(node.lineno, node.col_offset + 1, what, use, text, _advice(node, what, kind, use)))
+    found += _combined(tree, parents, lines, scaling)
     return sorted(found, key=lambda f: (f.line, f.column))
+
+
+def _combined(tree: ast.AST, parents: dict[ast.AST, ast.AST], lines: list[str], loaders: set[str]) -> list[Finding]:
+    """The collectives made after a loop over a prepared loader, within the loop or function around it
+    (combines.py: per-rank values combined across the steps; the loop re-enters at every recovery)."""
+    found = []
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not any(
+                _target_key(n) in loaders for n in ast.walk(loop.iter) if isinstance(n, (ast.Name, ast.Attribute))):
+            continue
+        scope = parents.get(loop)
+        while scope is not None and not isinstance(scope, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef,
+                                                           ast.AsyncFunctionDef)):
+            scope = parents.get(scope)
+        for node in ast.walk(scope) if scope is not None else ():
+            if isinstance(node, ast.Call) and node.lineno > (loop.end_lineno or loop.lineno) \
+                    and _called(node.func) in COMBINING:
+                found.append(Finding(node.lineno, node.col_offset + 1, "combined", HELD, lines[node.lineno - 1].strip(),
+                                     "a collective after the steps combines what each rank kept across them: going on "
+                                     "in place would lose a lost rank's share, so the loop re-enters at every recovery "
+                                     "in those steps; combine each step's values inside the step loop to go on"))
+    return found
 
 
 def _read(node: ast.AST, imported: dict[str, str], scaling: set[str]) -> tuple[str, str] | None:
@@ -83,7 +108,7 @@ def _read(node: ast.AST, imported: dict[str, str], scaling: set[str]) -> tuple[s
         key = _constant(node.args[0])
         return (ENV[key], "env") if key in ENV else None
     if name == "len" and len(node.args) == 1 and _target_key(node.args[0]) in scaling:
-        return "world_size", "len"
+        return "epoch_steps", "len"
     return None
 
 
@@ -99,9 +124,10 @@ def _advice(node: ast.AST, what: str, kind: str, use: str) -> str:
     if use == USED:
         return f"used where read: re-enters only if the {words} changes in a step that read it before the failure"
     if kind == "len":
-        return ("a prepared loader's steps per epoch scale with the world: a held count re-enters at every recovery "
-                "that changes the world size (every one that loses a worker); take len() where it is used, or use "
-                "prepare_data_loader(global_batch_size=...) for steps that should not change")
+        return ("a held count of a prepared loader's steps re-enters the loop at every recovery: going on mid-epoch "
+                "changes the epoch's steps (the lost ranks' shares come first in its rest, and the steps scale with "
+                "the world); take len() where it is used (`if i == len(loader) - 1:`), where it answers the epoch's "
+                "steps as they stand")
     read = ast.unparse(node) if kind == "call" else f"train.get_context().{_ACCESSORS[what]}()"
     if what in _WORLDS:
         return (f"a held {words} re-enters at every recovery that changes the world size (every one that loses a "
@@ -113,8 +139,8 @@ def _advice(node: ast.AST, what: str, kind: str, use: str) -> str:
 
 
 def _scaling_loaders(tree: ast.AST) -> set[str]:
-    """The names (and attributes, `self.loader`) bound to a prepared loader whose batches per epoch
-    scale with the world: `prepare_data_loader(...)` without a global_batch_size (nor add_dist_sampler=False)."""
+    """The names (and attributes, `self.loader`) bound to a prepared loader (`prepare_data_loader(...)`,
+    not add_dist_sampler=False): its length is the epoch's steps, which going on in place changes."""
     bound: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
@@ -138,11 +164,7 @@ def _scales(value: ast.expr) -> bool:
         return False
     keywords = {k.arg: k.value for k in value.keywords if k.arg is not None}
     sampler = keywords.get("add_dist_sampler", value.args[1] if len(value.args) > 1 else None)
-    if sampler is not None and isinstance(sampler, ast.Constant) and sampler.value is False:
-        return False  # handed back unsharded: its length is the dataset's
-    positional = value.args[_GLOBAL_BATCH_AT] if len(value.args) > _GLOBAL_BATCH_AT else None
-    batch = keywords.get("global_batch_size", positional)
-    return batch is None or isinstance(batch, ast.Constant) and batch.value is None
+    return not (sampler is not None and isinstance(sampler, ast.Constant) and sampler.value is False)  # else unsharded
 
 
 def _imported(tree: ast.AST) -> dict[str, str]:
