@@ -223,7 +223,7 @@ def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: 
         step += 1
         if ids is None or step > config["steps"]:
             return
-        if context.get_world_rank() == 1 and config.get("kills"):
+        if config.get("kills") and context.get_world_rank() == 1:  # no read of the rank without kills to make
             kill_if_due(Path(config["log_dir"]), step, config["kills"], config["kill_every"])
         yield step, table[ids % TABLE], drawn
 

@@ -251,6 +251,23 @@ def per_rank_epoch_sums(config: dict) -> None:
         _report(model, optimizer, et.get_context().get_world_rank() == 0, {"epoch": epoch}, epoch=epoch)
 
 
+def own_samples(step: int, rank: int) -> list[int]:
+    """The samples rank `rank` draws itself at step `step` of an epoch (two a step)."""
+    return [(step * GLOBAL + rank * 2 + j) % N for j in range(2)]
+
+
+def rank_once_own_data(config: dict) -> None:
+    """No prepared loader: `rank = get_context().get_world_rank()` once at the top, and each step draws
+    the samples of that rank (`own_samples(step, rank)`); rank 0 saves."""
+    model, optimizer = _model()
+    rank = et.get_context().get_world_rank()
+    start = _restore(model, optimizer).get("epoch", -1) + 1
+    for epoch in range(start, EPOCHS):
+        for step in range(N // GLOBAL):
+            _step(config, model, optimizer, epoch, step, torch.tensor(own_samples(step, rank)), held={"rank": rank})
+        _report(model, optimizer, rank == 0, {"epoch": epoch}, epoch=epoch)
+
+
 def rank_where_used(config: dict) -> None:
     """The ordinary loop: the rank read where it is used (`if get_context().get_world_rank() == 0:`)."""
     model, optimizer = _model()
@@ -284,6 +301,13 @@ def held_is_now(log_dir: str, result: et.Result) -> None:
                 assert value == r[now[name]], f"{name} held {value} at a step of rank {r['rank']}/{r['world']}: {r}"
         if "batch_size" in r.get("held", {}):
             assert r["held"]["batch_size"] == GLOBAL // r["world"], r
+
+
+def its_own_samples(log_dir: str, result: et.Result) -> None:
+    """Each step trained the samples of the rank that trained it: at world 1, rank 0's alone, as Ray
+    Train's re-run at world 1 trains them."""
+    for r in lineage(log_dir):
+        assert r["batches"] == [own_samples(r["step"], r["rank"])], r
 
 
 def a_checkpoint_every_epoch(log_dir: str, result: et.Result) -> None:
@@ -342,4 +366,6 @@ PROGRAMS: dict[str, tuple[Callable[[dict], None], tuple[Callable[[str, et.Result
     "global_step_checkpoints": (global_step_checkpoints, (ends_at_the_last_global_step,)),
     "per_rank_epoch_sums": (per_rank_epoch_sums, (whole_epoch_sums,)),
     "rank_where_used": (rank_where_used, (a_checkpoint_every_epoch,)),
+    "rank_once_own_data": (rank_once_own_data, (held_is_now, its_own_samples, a_checkpoint_every_epoch)),
 }
+OWN_DATA = {"rank_once_own_data"}  # no prepared loader: not every sample at every world size

@@ -220,7 +220,8 @@ def test_the_faithful_programs_lines_that_decide():
                  if isinstance(node, ast.FunctionDef)}
     held = {name for name, (first, last) in functions.items()
             for f in check_source(source, "faithful_programs.py") if f.held and first <= f.line <= last}
-    assert held == {"batch_from_world", "rank_read_once", "torch_and_environment_reads", "own_validation_sampler",
+    assert held == {"batch_from_world", "rank_read_once", "rank_once_own_data", "torch_and_environment_reads",
+                    "own_validation_sampler",
                     "_scheduled", "global_step_checkpoints", "per_rank_epoch_sums"}
     # its world share is assigned afresh each step and only all-reduced: used, as at run time
     share = next(f for f in check_source(source, "faithful_programs.py") if f.text.startswith("share = "))

@@ -58,7 +58,8 @@ def invariant_loop(config: dict) -> dict | None:
     x, y = dataset()
     ids = torch.arange(SAMPLES)
     loader = prepare_data_loader(DataLoader(ids, batch_size=global_batch, sampler=RandomSampler(ids)),
-                                 global_batch_size=global_batch, seed=7)
+                                 global_batch_size=global_batch, seed=7,
+                                 resume_mid_epoch=True)  # a checkpoint every step, no fast-forward of its own
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     start_epoch = loader.epoch  # where a resumed loader goes on
     for epoch in range(start_epoch, epochs):
