@@ -4,10 +4,11 @@ Going on in place is faithful to Ray Train (which re-runs the loop at every new 
 the loop computed from its old place is used in the new one. So every read of the loop's place is
 recorded here with its site (sites.py): `get_context()`'s rank, world size, local rank and node rank,
 `torch.distributed`'s rank and world size (and a `DistributedSampler` built without them), the
-`RANK`/`WORLD_SIZE`/... variables, and `len()` of a prepared loader whose batches scale with the world.
-A survivor parks with the reads that still matter (`relevant`): those whose site holds its value, and
-those used where read since the step began (they may have shaped the collective that failed). The
-supervisor compares them with the next generation's places (supervisor/policy.py `unfaithful`).
+`RANK`/`WORLD_SIZE`/... variables, and `len()` of a prepared loader (the epoch's steps, "epoch_steps").
+A survivor parks with the reads that still matter (`relevant`): those whose site holds its value, those
+used where read since the step began (they may have shaped the collective that failed), and the
+collectives its loop makes after its steps (combines.py). The supervisor compares them with the next
+generation's places (supervisor/policy.py `unfaithful`).
 Reads from the library's own code, from other threads, and from no loop are not the loop's.
 """
 
@@ -77,9 +78,12 @@ class PlaceReads:
 
 
 class _Following:
-    tracker: PlaceReads | None = None
-    thread: int | None = None
-    sites: dict[tuple[CodeType, int], Site] = {}
+    """The loop this process runs now, and the sites of the reads seen so far (by code and instruction)."""
+
+    def __init__(self) -> None:
+        self.tracker: PlaceReads | None = None
+        self.thread: int | None = None
+        self.sites: dict[tuple[CodeType, int], Site] = {}
 
 
 _following = _Following()
