@@ -90,7 +90,7 @@ def test_the_global_order_is_distributed_samplers(seed, epoch):
 def _prepared(monkeypatch, loader: DataLoader, rank: int = 0, world: int = 2, seed: int = 0) -> ElasticDataLoader:
     """prepare_data_loader with a stand-in session: a world of `world` ranks, nothing to resume."""
     context = SimpleNamespace(get_world_size=lambda: world, get_world_rank=lambda: rank)
-    session = SimpleNamespace(context=context, register_loader=lambda loader: None)
+    session = SimpleNamespace(context=context, register_loader=lambda loader: None, resumes_kept_state=False)
     monkeypatch.setattr(data_module, "get_session", lambda caller: session)
     prepared = prepare_data_loader(loader, seed=seed)
     assert isinstance(prepared, ElasticDataLoader) and isinstance(prepared.batch_sampler, ElasticBatchSampler)
