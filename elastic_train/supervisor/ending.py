@@ -54,9 +54,9 @@ class Ending:
                                         live=live, failed=state is RunState.ERRORED)
         self.decided.set()
         self._roster.end_all(self._stop(state), now=False)
-        self._telemetry.record(RunEnded(state.value))
         # Members leave after flushing their last checkpoint; its commit is a task of its own.
         await self._tasks.wait(time.monotonic() + self._elastic.drain_timeout_s + (
             self._elastic.persist_flush_timeout_s if self.flush is not None else 0.0))
         self._roster.end_all(self._stop(state), now=True)  # whatever has not ended by now is ended here
         await self._commits.close(self._elastic.storage_retry_deadline_s)
+        self._telemetry.record(RunEnded(state.value))  # last: every commit of the run is logged before it

@@ -34,6 +34,7 @@ class ReportEntry:
     given_up: bool = False  # a part could not be stored: this index will never commit
     unwind: bool = False  # the group re-forms after this report (decided when the last rank reports it)
     made: bool = False  # every rank reported it, and the supervisor acted on that (once)
+    counted: bool = False  # rank 0's metrics went into the run's metrics and history (once)
     dir_name: str | None = None  # the folder the report named (`checkpoint_dir_name`); None: ours
     stored_by_loop: bool = False  # the loop wrote the checkpoint into storage itself (NO_UPLOAD): nothing to upload
     stored_by_ranks: set[int] = field(default_factory=set)  # the ranks that reported it so; the lowest lists it

@@ -6,6 +6,7 @@ and when a held-back report settles (its checkpoint committed, or known never to
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,8 @@ class Reports:
         self.pace = PaceWatch(elastic.straggler_factor, elastic.straggler_reports, elastic.straggler_min_excess_s,
                               elastic.memory_growth_reports, elastic.memory_growth_min_mb * 2**20)
         self.metrics: dict[str, Any] = {}  # the last report every rank made: rank 0's metrics
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # in report order (generation, index)
+        self._metrics_at: tuple[int, int] = (-1, -1)  # the (generation, index) of `metrics`
         self.latest = 0  # the highest report index of the current generation
         self.resize_at: int | None = None  # members unwind at this report (or the first after it)
         self._grows = False  # ... if it carries a checkpoint: newcomers join
@@ -117,11 +119,13 @@ class Reports:
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = (self.resize_at is not None and index >= self.resize_at
                             and (not self._grows or bool(entry.parts) or entry.stored_by_loop))
-            self._made(entry, index, entry.metrics_by_rank.get(0))  # None: made before a supervisor restart
+            self._made(entry, index)
             self._watch_pace(index, self._paces.pop((generation, index), {}))
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
+        elif entry.made:  # made at a supervisor's adoption: rank 0's retried report brings its metrics now
+            self._count(entry, index)
         return entry
 
     def _enter(self, rank: int, worker_id: int, report: Report) -> ReportEntry:
@@ -153,20 +157,32 @@ class Reports:
             entry.to_store = bool(report.store)
         self._telemetry.record(ReportUnagreedKept(w.worker_id, w.rank, report.generation, report.index))
 
-    def _made(self, entry: ReportEntry, index: int, metrics: dict[str, Any] | None) -> None:
-        """Report `index` was made by every rank: it goes into the history (with `metrics`) and the feed."""
+    def _made(self, entry: ReportEntry, index: int) -> None:
+        """Report `index` was made by every rank: it goes into the history and the feed."""
         entry.made = True
-        made_at = time.time()
-        if metrics is not None:
-            self.metrics = dict(metrics)
-            self.history.append({**metrics, "_index": index, "_generation": entry.generation,
-                                 "_world_size": entry.world_size, "_time": made_at})
+        self._count(entry, index)
         self.feed.made(ReportRecord(index, entry.generation, entry.world_size,
-                                    [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)], time=made_at),
+                                    [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)],
+                                    time=time.time()),
                        awaits_commit=bool(entry.to_store))
         self._telemetry.news()
         self._commits.commit_if_ready(index, entry)  # its stored part may have come before its last report
         self._ledger.prune()
+
+    def _count(self, entry: ReportEntry, index: int) -> None:
+        """Rank 0's metrics of made report `index` go into the run's metrics and history, once they are
+        here: an adopted worker's report made before the supervisor restarted may come later, or never."""
+        metrics = entry.metrics_by_rank.get(0)
+        if metrics is None or entry.counted:
+            return
+        entry.counted = True
+        # Reports may be counted out of order: adopted workers' retried calls after a supervisor restart.
+        at = (entry.generation, index)
+        if at > self._metrics_at:
+            self.metrics, self._metrics_at = dict(metrics), at
+        bisect.insort(self.history, {**metrics, "_index": index, "_generation": entry.generation,
+                                     "_world_size": entry.world_size, "_time": time.time()},
+                      key=lambda h: (h["_generation"], h["_index"]))
 
     def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
         """Report `index`, which every member made, with each one's pace: flag stragglers and growing
