@@ -5,6 +5,7 @@ generation's places change them (supervisor/policy.py `unfaithful`)."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import sys
 import threading
@@ -48,6 +49,9 @@ def _use(source: str) -> str:
     ("logger.info('world %d', ctx.get_world_size())", LOGGED),
     ("log_progress(dir, world=ctx.get_world_size())", LOGGED),
     ("writer.add_scalar('world', ctx.get_world_size(), step)", LOGGED),
+    ("f.write(json.dumps({'world': ctx.get_world_size()}))", LOGGED),
+    ("json.dump({'world': ctx.get_world_size()}, f)", LOGGED),
+    ("text = json.dumps({'world': ctx.get_world_size()})", HELD),
 ])
 def test_what_a_statement_does_with_a_read(source, use):
     assert _use(source) == use
@@ -174,16 +178,33 @@ def test_a_helpers_local_read_is_held_while_the_helper_runs(helper, held_after_r
         reads.follow(None)
 
 
-def test_a_read_assigned_afresh_each_step_and_only_logged_is_spent_with_the_step():
+def test_a_read_assigned_afresh_each_step_and_only_used_is_spent_with_the_step():
     tracker = reads.PlaceReads()
     reads.follow(tracker)
     try:
         ctx = _Context(1, 2)
         for _ in range(2):
-            record = {"world": ctx.get_world_size()}
-            print(record, file=open(os.devnull, "w"))
+            world = ctx.get_world_size()
+            if world > 1:
+                pass
         assert [r.what for r in tracker.relevant("gradients")] == ["world_size"]
         tracker.step_done()
+        assert tracker.relevant("gradients") == ()
+    finally:
+        reads.follow(None)
+
+
+def test_a_read_held_in_names_that_are_only_logged_or_written_out_is_logged():
+    tracker = reads.PlaceReads()
+    reads.follow(tracker)
+    try:
+        ctx = _Context(1, 2)
+        with open(os.devnull, "w") as f:
+            for _ in range(2):
+                record = {"world": ctx.get_world_size()}
+                print(record, file=f)
+                f.write(json.dumps(record) + "\n")
+                json.dump(record, f)
         assert tracker.relevant("gradients") == ()
     finally:
         reads.follow(None)

@@ -57,7 +57,10 @@ def check_source(source: str, filename: str = "<source>") -> list[Finding]:
             continue
         what, kind = read
         use = use_of(node, parents)
-        if use == HELD and spent_with(node, parents) == STEP:
+        spent = spent_with(node, parents) if use == HELD else None
+        if spent == LOGGED:
+            use = LOGGED  # assigned to names that are only logged
+        elif spent == STEP:
             use = USED  # assigned afresh each pass of a loop and only used: spent with its step
         text = lines[node.lineno - 1].strip() if 0 < node.lineno <= len(lines) else ""
         found.append(Finding(node.lineno, node.col_offset + 1, what, use, text, _advice(node, what, kind, use)))

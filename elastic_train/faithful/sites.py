@@ -7,8 +7,8 @@ outlives the statement: assigned to a name or attribute, a `for`'s iterable, a `
 `return` or lambda body, a default argument, or anything not known to drop it. It is *used where read*
 when the statement drops it once done: an `if`/`while`/`assert` condition, or an expression statement
 (`loss.div_(dist.get_world_size())`). It is *logged* when it is an argument of a call named as logging
-is (`print`, `logger.info`, `log_metrics`, `writer.add_scalar`, `bar.set_postfix`): it shapes no value
-the loop computes. Unsure counts as held: a held value the recovery changes makes the loop re-enter, as
+is (`print`, `logger.info`, `log_metrics`, `writer.add_scalar`, `bar.set_postfix`), or written out
+(`f.write(json.dumps(record))`, `json.dump(record, f)`): it shapes no value the loop computes. Unsure counts as held: a held value the recovery changes makes the loop re-enter, as
 Ray Train's would, never go on wrongly.
 """
 
@@ -24,7 +24,7 @@ from functools import lru_cache
 HELD, USED, LOGGED = "held", "used", "logged"
 FRAME, STEP = "frame", "step"
 _LOGGING = re.compile(r"^(print|pprint|log\w*|\w+_log|info|debug|warn|warning|error|exception|critical|"
-                      r"add_scalars?|set_postfix\w*|set_description\w*)$")
+                      r"add_scalars?|set_postfix\w*|set_description\w*|write|writelines|dump)$")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class Site:
     # HELD in local names of its function alone, each used there where read (sites of USED or LOGGED):
     # FRAME, held only while that function runs (a helper's `rank = ctx.get_world_rank()` then
     # `if rank == 0: save()`); STEP, assigned afresh in each pass of a loop, spent with the step as a
-    # USED read is (`record = {"world": ctx.get_world_size()}` then `log(record)`); None: held.
+    # USED read is (`world = ctx.get_world_size()` then `if world > 1: ...`); None: held. One whose
+    # names are only logged (`record = {"rank": ...}` then `f.write(json.dumps(record))`) is LOGGED.
     spent_with: str | None = None
 
     @property
@@ -120,12 +121,13 @@ def site(file: str, line: int, position: tuple[int | None, int | None, int | Non
     node = source.spans.get((start, column, end, end_column)) if source is not None else None  # type: ignore[arg-type]
     text = source.lines[line - 1].strip() if source is not None and 0 < line <= len(source.lines) else ""
     use = HELD if node is None else use_of(node, source.parents)
-    return Site(file, line, use, text, spent_with(node, source.parents) if use == HELD else None)
+    spent = spent_with(node, source.parents) if use == HELD else None
+    return Site(file, line, LOGGED, text) if spent == LOGGED else Site(file, line, use, text, spent)
 
 
 def spent_with(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
     """When a HELD `node`'s value is spent (Site.spent_with): it must be assigned to local names of
-    the function it is read in, each of whose uses there drops it."""
+    the function it is read in, each of whose uses there drops it. LOGGED: each use logs it."""
     statement = statement_of(node, parents)
     if not isinstance(statement, ast.Assign) or not all(isinstance(t, ast.Name) for t in statement.targets):
         return None
@@ -136,13 +138,15 @@ def spent_with(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
     if function is None:
         return None
     names = {t.id for t in statement.targets}  # type: ignore[attr-defined]
+    uses = set()
     for inner in ast.walk(function):
         if isinstance(inner, (ast.Global, ast.Nonlocal)) and names & set(inner.names):
             return None
-        if isinstance(inner, ast.Name) and inner.id in names and isinstance(inner.ctx, ast.Load) \
-                and use_of(inner, parents) == HELD:
-            return None
-    return STEP if in_loop else FRAME
+        if isinstance(inner, ast.Name) and inner.id in names and isinstance(inner.ctx, ast.Load):
+            uses.add(use_of(inner, parents))
+    if HELD in uses:
+        return None
+    return LOGGED if uses == {LOGGED} else STEP if in_loop else FRAME
 
 
 def statement_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST:
