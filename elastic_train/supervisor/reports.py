@@ -119,13 +119,13 @@ class Reports:
             # Decided once, when the last rank reports: every rank unwinds after the same report.
             entry.unwind = (self.resize_at is not None and index >= self.resize_at
                             and (not self._grows or bool(entry.parts) or entry.stored_by_loop))
-            self._made(entry, index)
+            self._made(entry, index, entry.metrics_by_rank.get(0))
             self._watch_pace(index, self._paces.pop((generation, index), {}))
             barrier = self._barriers.pop(index, None)
             if barrier is not None:
                 barrier.set()
         elif entry.made:  # made at a supervisor's adoption: rank 0's retried report brings its metrics now
-            self._count(entry, index)
+            self._count(entry, index, entry.metrics_by_rank.get(0))
         return entry
 
     def _enter(self, rank: int, worker_id: int, report: Report) -> ReportEntry:
@@ -157,10 +157,10 @@ class Reports:
             entry.to_store = bool(report.store)
         self._telemetry.record(ReportUnagreedKept(w.worker_id, w.rank, report.generation, report.index))
 
-    def _made(self, entry: ReportEntry, index: int) -> None:
-        """Report `index` was made by every rank: it goes into the history and the feed."""
+    def _made(self, entry: ReportEntry, index: int, metrics: dict[str, Any] | None) -> None:
+        """Report `index` was made by every rank: it goes into the history (with `metrics`) and the feed."""
         entry.made = True
-        self._count(entry, index)
+        self._count(entry, index, metrics)
         self.feed.made(ReportRecord(index, entry.generation, entry.world_size,
                                     [entry.metrics_by_rank.get(r, {}) for r in range(entry.world_size)],
                                     time=time.time()),
@@ -169,10 +169,9 @@ class Reports:
         self._commits.commit_if_ready(index, entry)  # its stored part may have come before its last report
         self._ledger.prune()
 
-    def _count(self, entry: ReportEntry, index: int) -> None:
-        """Rank 0's metrics of made report `index` go into the run's metrics and history, once they are
-        here: an adopted worker's report made before the supervisor restarted may come later, or never."""
-        metrics = entry.metrics_by_rank.get(0)
+    def _count(self, entry: ReportEntry, index: int, metrics: dict[str, Any] | None) -> None:
+        """The metrics of made report `index` go into the run's metrics and history, once they are here
+        (None: not yet): rank 0's report made before a supervisor restarted may come later, or never."""
         if metrics is None or entry.counted:
             return
         entry.counted = True
