@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -173,6 +174,7 @@ def train_loop(config: dict[str, Any]) -> None:
     every = config.get("checkpoint_every", 1)
     kept = every == 0 and config["api"] == "elastic_train"  # no checkpoint: the model and optimizer kept live
     start = context.get_resume_index() + 1 if kept else 1
+    rank = context.get_world_rank() if config.get("data") == "own" else None  # read once, as hand-written loops do
     checkpoint = api.get_checkpoint()
     if checkpoint is not None:
         if live:
@@ -184,7 +186,7 @@ def train_loop(config: dict[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
     ddp = api_torch.prepare_model(model, live_state=True) if kept else api_torch.prepare_model(model)
-    for step, inputs, drawn in workload_steps(api_torch, context, config, start, width):
+    for step, inputs, drawn in workload_steps(api_torch, context, config, start, width, rank):
         began = time.time()
         loss = train_step(ddp, optimizer, inputs, config["step_time"])
         record = {"start": began, "time": time.time(), "pid": os.getpid(), "rank": context.get_world_rank(),
@@ -206,14 +208,15 @@ def train_loop(config: dict[str, Any]) -> None:
             api.report(metrics, checkpoint=api.Checkpoint.from_directory(d))
 
 
-def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: int,
-                   width: int) -> Iterator[tuple[int, torch.Tensor, dict[str, Any]]]:
+def workload_steps(api_torch: Any, context: Any, config: dict[str, Any], start: int, width: int,
+                   rank: int | None = None) -> Iterator[tuple[int, torch.Tensor, dict[str, Any]]]:
     """The workload's steps from `start` to `config["steps"]`: each step's number, inputs (a batch of
-    sample ids, one epoch long enough for the run, each id a row of a seeded table) and, with
+    sample ids, one epoch long enough for the run, each id a row of a seeded table; with
+    `config["data"] == "own"`, the ids of `rank`, which the loop read once at its top) and, with
     `config["data"] == "ray"`, what drawing the batch took, its ids and the world size it was drawn at. Rank 1 SIGKILLs itself on
     schedule first (`config["kills"]`, `kill_if_due`)."""
     table = torch.randn(TABLE, width, generator=torch.Generator().manual_seed(0))
-    batches = iter(_sample_ids(api_torch, context, config))
+    batches = iter(_sample_ids(api_torch, context, config, start, rank))
     step = start - 1
     while True:
         drawing = time.perf_counter()
@@ -236,18 +239,22 @@ def dataset_rows(config: dict[str, Any], workers: int) -> int:
     return (config["steps"] + 1) * BATCH * workers
 
 
-def _sample_ids(api_torch: Any, context: Any, config: dict[str, Any]) -> Iterator[torch.Tensor]:
-    """Each step's sample ids: from `prepare_data_loader`, or with `config["data"] == "ray"` from the
-    "train" dataset's shard (`get_dataset_shard`, `iter_torch_batches`; ids in its "id" column)."""
-    if config.get("data") == "ray":
+def _sample_ids(api_torch: Any, context: Any, config: dict[str, Any], start: int,
+                rank: int | None) -> Iterator[torch.Tensor]:
+    """Each step's sample ids: from `prepare_data_loader`; with `config["data"] == "ray"` from the
+    "train" dataset's shard (`get_dataset_shard`, `iter_torch_batches`; ids in its "id" column); with
+    "own", no loader: rank `rank`'s own slice of each step's ids, from step `start`."""
+    if config.get("data") == "own":
+        yield from (torch.arange(BATCH) + (step * MAX_WORKERS + rank) * BATCH for step in itertools.count(start))
+    elif config.get("data") == "ray":
         api = importlib.import_module(config["api"])
         for batch in api.get_dataset_shard("train").iter_torch_batches(batch_size=BATCH):
             yield batch["id"]
-        return
-    # Long enough at any world size the benchmarks run: a dataset sized by the world read here would be
-    # held by the loop, and each recovery that changes the world would re-enter it (faithful/reads.py).
-    samples = torch.arange(dataset_rows(config, MAX_WORKERS))
-    yield from api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
+    else:
+        # Long enough at any world size the benchmarks run: a dataset sized by the world read here would be
+        # held by the loop, and each recovery that changes the world would re-enter it (faithful/reads.py).
+        samples = torch.arange(dataset_rows(config, MAX_WORKERS))
+        yield from api_torch.prepare_data_loader(DataLoader(samples, batch_size=BATCH))
 
 
 def kill_if_due(log: Path, step: int, kills: int, every: int) -> None:

@@ -259,8 +259,9 @@ def main() -> None:
                         help="elastic_train at a fixed size (num_workers=2) rather than num_workers=(1, 2)")
     parser.add_argument("--framework", choices=sorted(set(FRAMEWORKS) - {"fsdp"}), default="torch",
                         help="the loop: raw PyTorch, a Lightning Trainer or a transformers Trainer")
-    parser.add_argument("--data", choices=("torch", "ray"), default="torch",
-                        help="ray: the torch loop fed from Ray Data (get_dataset_shard) on both systems; torchft is not run")
+    parser.add_argument("--data", choices=("torch", "ray", "own"), default="torch",
+                        help="ray: the torch loop fed from Ray Data (get_dataset_shard) on both systems; torchft is "
+                             "not run. own: no loader, each rank draws its own ids by the rank it read once at the top")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
                         help="fsdp: the torch loop's model sharded with FSDP2 (benchmarks.fsdp_loop), 3 workers, "
                              f"width {FSDP_WIDTH} (3.2 M parameters), AdamW; torchft is not run (it does not re-shard)")
@@ -281,9 +282,9 @@ def main() -> None:
         args.width = FSDP_WIDTH if args.width == WIDTH else args.width
         if "torchft" in systems:
             systems.remove("torchft")
+    if args.data != "torch" and (args.framework != "torch" or args.parallel != "ddp"):
+        parser.error(f"--data {args.data} runs the torch loop with DDP")
     if args.data == "ray":
-        if args.framework != "torch" or args.parallel != "ddp":
-            parser.error("--data ray runs the torch loop with DDP")
         if "torchft" in systems:
             systems.remove("torchft")
     if args.framework != "torch" and "torchft" in systems:
@@ -296,7 +297,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kills = 3 if args.quick else args.kills
-    suffix = ("" if args.framework == "torch" else f"_{args.framework}") + ("_ray_data" if args.data == "ray" else "")
+    suffix = ("" if args.framework == "torch" else f"_{args.framework}") + {"torch": "", "ray": "_ray_data",
+                                                                            "own": "_own_data"}[args.data]
     out = (args.out or ROOT / "results" / f"kill_recovery{suffix}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -29,9 +29,9 @@ SHOWN = {  # event kind -> how verbosity 1 shows it; other kinds at verbosity 2
                              + ("adopted by the restarted supervisor" if e.get("adopted") else
                                 f"the loops went on in place after report {e['resume_index']}"
                                 if e.get("resume_from") == "in place" else
-                                f"resumed from {e['resume_from']} at report {e['resume_index']}"
-                                + (f" (re-entered: {e['reentered_because']})" if e.get("reentered_because") else "")
-                                if e.get("resume_from") else "from the start")),
+                                (f"resumed from {e['resume_from']} at report {e['resume_index']}"
+                                 if e.get("resume_from") else "from the start")
+                                + (f" (re-entered: {e['reentered_because']})" if e.get("reentered_because") else ""))),
     "worker_lost": lambda e: (f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost, "
                               f"{e.get('cause', '?')}: {e['reason']}"),
     "worker_left": lambda e: f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) left: {e['cause']}",

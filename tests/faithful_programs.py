@@ -279,6 +279,61 @@ def rank_where_used(config: dict) -> None:
         _report(model, optimizer, et.get_context().get_world_rank() == 0, {"epoch": epoch}, epoch=epoch)
 
 
+def every_rank_its_own_shard(config: dict) -> None:
+    """Every rank saves its own shard (`shard_{rank}.pt`, the rank read once at the top) into each
+    epoch's checkpoint; resumed, every rank loads the model from shard 0."""
+    model, optimizer = _model()
+    rank = et.get_context().get_world_rank()
+    checkpoint, start = et.get_checkpoint(), 0
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "shard_0.pt"), weights_only=False)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["epoch"] + 1
+    loader = prepare_data_loader(DataLoader(_samples(), batch_size=2, shuffle=True))
+    for epoch in range(start, EPOCHS):
+        for step, batch in enumerate(loader):
+            _step(config, model, optimizer, epoch, step, batch, held={"rank": rank})
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                        "rank": rank}, os.path.join(d, f"shard_{rank}.pt"))
+            et.report({"epoch": epoch}, checkpoint=et.Checkpoint.from_directory(d))
+
+
+def metrics_all_reduced_by_hand(config: dict) -> None:
+    """The world size read once at the top (`world = dist.get_world_size()`); each step a count
+    all-reduced by hand and divided by it, a mean as DDP tutorials log one (1.0)."""
+    model, optimizer = _model()
+    world = dist.get_world_size()
+    start = _restore(model, optimizer).get("epoch", -1) + 1
+    loader = prepare_data_loader(DataLoader(_samples(), batch_size=2, shuffle=True))
+    for epoch in range(start, EPOCHS):
+        for step, batch in enumerate(loader):
+            _step(config, model, optimizer, epoch, step, batch, held={"world": world})
+            count = torch.ones(1)
+            dist.all_reduce(count)
+            log_progress(config["log_dir"], generation=et.get_context().get_generation(), epoch=epoch,
+                         mean=(count / world).item())
+        _report(model, optimizer, et.get_context().get_world_rank() == 0, {"epoch": epoch}, epoch=epoch)
+
+
+def ddp_tutorial(config: dict) -> None:
+    """PyTorch's DDP tutorial: its own `DistributedSampler(dataset, seed=5)` (its rank and world from
+    the default group) and `DataLoader`, no `prepare_data_loader`; `sampler.set_epoch(epoch)`;
+    `dist.get_rank() == 0` saves."""
+    model, optimizer = _model()
+    start = _restore(model, optimizer).get("epoch", -1) + 1
+    data = _samples()
+    sampler = DistributedSampler(data, shuffle=True, seed=5)
+    loader = DataLoader(data, batch_size=2, sampler=sampler)
+    for epoch in range(start, EPOCHS):
+        sampler.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            _step(config, model, optimizer, epoch, step, batch)
+        _report(model, optimizer, dist.get_rank() == 0, {"epoch": epoch}, epoch=epoch)
+
+
 # == what Ray Train computes for each ===================================================================
 def lineage(log_dir: str) -> list[dict]:
     """Each step of the run's lineage (guide_loops.py `completed_steps`), one record per rank."""
@@ -349,6 +404,16 @@ def ends_at_the_last_global_step(log_dir: str, result: et.Result) -> None:
     assert finished and set(finished) == {EPOCHS * (N // GLOBAL)}, finished
 
 
+def shards_of_its_last_world(log_dir: str, result: et.Result) -> None:
+    """The last checkpoint holds one shard per rank of the world its epoch ended at, each that rank's."""
+    world = max((r for r in lineage(log_dir) if r["epoch"] == EPOCHS - 1), key=lambda r: r["generation"])["world"]
+    with result.checkpoint.as_directory() as d:
+        assert sorted(os.listdir(d)) == [f"shard_{r}.pt" for r in range(world)], os.listdir(d)
+        for r in range(world):
+            shard = torch.load(os.path.join(d, f"shard_{r}.pt"), weights_only=False)
+            assert (shard["epoch"], shard["rank"]) == (EPOCHS - 1, r), shard
+
+
 def whole_epoch_sums(log_dir: str, result: et.Result) -> None:
     assert _last_per_epoch(log_dir, "total") == {e: float(sum(range(N))) for e in range(EPOCHS)}
 
@@ -367,5 +432,8 @@ PROGRAMS: dict[str, tuple[Callable[[dict], None], tuple[Callable[[str, et.Result
     "per_rank_epoch_sums": (per_rank_epoch_sums, (whole_epoch_sums,)),
     "rank_where_used": (rank_where_used, (a_checkpoint_every_epoch,)),
     "rank_once_own_data": (rank_once_own_data, (held_is_now, its_own_samples, a_checkpoint_every_epoch)),
+    "every_rank_its_own_shard": (every_rank_its_own_shard, (held_is_now, shards_of_its_last_world)),
+    "metrics_all_reduced_by_hand": (metrics_all_reduced_by_hand, (held_is_now, means_of_one)),
+    "ddp_tutorial": (ddp_tutorial, (seeded_order, a_checkpoint_every_epoch)),
 }
 OWN_DATA = {"rank_once_own_data"}  # no prepared loader: not every sample at every world size

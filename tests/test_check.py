@@ -221,8 +221,8 @@ def test_the_faithful_programs_lines_that_decide():
     held = {name for name, (first, last) in functions.items()
             for f in check_source(source, "faithful_programs.py") if f.held and first <= f.line <= last}
     assert held == {"batch_from_world", "rank_read_once", "rank_once_own_data", "torch_and_environment_reads",
-                    "own_validation_sampler",
-                    "_scheduled", "global_step_checkpoints", "per_rank_epoch_sums"}
+                    "own_validation_sampler", "_scheduled", "global_step_checkpoints", "per_rank_epoch_sums",
+                    "every_rank_its_own_shard", "metrics_all_reduced_by_hand", "ddp_tutorial"}
     # its world share is assigned afresh each step and only all-reduced: used, as at run time
     share = next(f for f in check_source(source, "faithful_programs.py") if f.text.startswith("share = "))
     assert (share.what, share.use) == ("world_size", USED)

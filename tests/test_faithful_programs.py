@@ -23,7 +23,9 @@ from tests.loops import read_progress
 
 SIZED_BY_LEN = {"lambda_lr", "one_cycle_lr"}  # Ray's semantics keep their total only at one world size
 HOLD_THEIR_WORLD = {"batch_from_world", "torch_and_environment_reads", "own_validation_sampler", "lambda_lr",
-                    "one_cycle_lr", "per_rank_epoch_sums", "global_step_checkpoints"}  # changed by any loss
+                    "one_cycle_lr", "per_rank_epoch_sums", "global_step_checkpoints", "metrics_all_reduced_by_hand",
+                    "ddp_tutorial"}  # changed by any loss
+READ_RANK_ONCE = {"rank_read_once", "rank_once_own_data", "every_rank_its_own_shard"}  # changed by rank 0's loss
 BY_TIMING = {"all_reduce_of_a_world_share"}  # re-entered if the peer is lost in its all-reduce, else in place
 
 
@@ -32,9 +34,7 @@ def expected_path(name: str, victim: int) -> str:
     keeps its number; rank 0 lost: a rank read where it is used answers anew)."""
     if name in BY_TIMING:
         return "either"
-    if name in OWN_DATA:
-        return "re-entered, no loader"  # docs/in_place.md: a loop with no prepared loader is re-entered
-    if name in HOLD_THEIR_WORLD or (name == "rank_read_once" and victim == 0):
+    if name in HOLD_THEIR_WORLD or (name in READ_RANK_ONCE and victim == 0):
         return "re-entered"
     return "in place"
 
@@ -98,7 +98,5 @@ def test_a_program_computes_what_ray_computes_through_a_kill(local_ray, run_dirs
     path = expected_path(name, victim)
     if path == "in place" or (path == "either" and recovery.resume_from == "in place"):
         assert recovery.resume_from == "in place", opened
-    elif path == "re-entered, no loader":
-        assert recovery.resume_from != "in place", opened
     else:
         assert recovery.resume_from != "in place" and "faithful_programs.py:" in recovery.reentered_because, opened

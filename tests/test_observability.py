@@ -253,6 +253,16 @@ def test_progress_without_a_terminal_prints_events_and_a_status_line_every_inter
 
 
 @pytest.mark.timeout(10)
+def test_progress_names_why_a_loop_was_re_entered_with_or_without_a_checkpoint():
+    why = "train.py:23 holds the world size it read (2, now 1)"
+    reentered = {**GENERATION, "generation": 2, "world_size": 1, "reentered_because": why}
+    fresh = {**reentered, "generation": 3, "resume_from": None, "resume_index": None}
+    lines = _shown(1, False, [_feed(events=[reentered]), _feed(events=[fresh])], [0.0]).splitlines()
+    assert lines[:2] == [f"[demo] generation 2: world size 1, resumed from memory at report 4 (re-entered: {why})",
+                         f"[demo] generation 3: world size 1, from the start (re-entered: {why})"]
+
+
+@pytest.mark.timeout(10)
 def test_progress_on_a_terminal_redraws_its_status_line():
     shown = _shown(1, True, [_feed(events=[GENERATION]), _feed(events=[LOST])], [0.0])
     assert "generation 1: world size 2" in shown and "lost, died: actor died" in shown
