@@ -41,13 +41,13 @@ def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return ((model(x) - x) ** 2).mean()
 
 
-def _restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The checkpoint's own fields ({} for a fresh run), its model and optimizer loaded."""
+def _restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, name: str = "state.pt") -> dict[str, Any]:
+    """The checkpoint's own fields ({} for a fresh run), its model and optimizer loaded from file `name`."""
     checkpoint = et.get_checkpoint()
     if checkpoint is None:
         return {}
     with checkpoint.as_directory() as d:
-        state = torch.load(os.path.join(d, "state.pt"), weights_only=False)
+        state = torch.load(os.path.join(d, name), weights_only=False)
     model.module.load_state_dict(state.pop("model"))
     optimizer.load_state_dict(state.pop("optimizer"))
     return state
@@ -284,13 +284,7 @@ def every_rank_its_own_shard(config: dict) -> None:
     epoch's checkpoint; resumed, every rank loads the model from shard 0."""
     model, optimizer = _model()
     rank = et.get_context().get_world_rank()
-    checkpoint, start = et.get_checkpoint(), 0
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "shard_0.pt"), weights_only=False)
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = state["epoch"] + 1
+    start = _restore(model, optimizer, "shard_0.pt").get("epoch", -1) + 1
     loader = prepare_data_loader(DataLoader(_samples(), batch_size=2, shuffle=True))
     for epoch in range(start, EPOCHS):
         for step, batch in enumerate(loader):
