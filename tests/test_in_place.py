@@ -72,8 +72,9 @@ def run(run_dirs: dict, scaling, fault: dict | list[dict], elastic: ElasticConfi
 def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins_at_a_checkpoint(
         local_ray, run_dirs, scaling, killed):
     """Fixed size (2): the survivor goes on alone while the replacement starts; once it is ready, every
-    loop is re-entered at the full size from the newest checkpoint in memory, within 1 s (as Ray Train
-    restarts at its size). Elastic (1, 2): it joins at the next report carrying a checkpoint.
+    loop is re-entered at the full size from the newest checkpoint in memory at the survivor's next
+    step (as Ray Train restarts at its size; a world of one has no peer whose loss fails its
+    collectives: world_group.py `ended_alone`). Elastic (1, 2): it joins at the next report carrying a checkpoint.
     Rank 0 killed: the survivor, rank 1, read its rank in the step the peer was lost in (the loop's
     fault injection, tests/loops.py `fault_once`), and the recovery makes it rank 0: its loop is
     re-entered from memory, as Ray Train's would be, and the event names that line."""
@@ -83,12 +84,13 @@ def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins
     if killed == 0:
         assert "guide_loops.py:111 used, in the step the peer was lost in, the rank it read (1, now 0)" in \
             reentered_because(result)
-    if scaling == 2:  # a fixed size: back at it within 1 s of the replacement being ready
+    if scaling == 2:  # a fixed size: back at it at the survivor's next step once the replacement is ready
         events = read_events(RunStorage.at(result.path))
         first = next(e for e in events if e["kind"] == "generation")
         ready = next(e for e in events if e["kind"] == "worker_ready" and str(e["worker_id"]) not in map(str, first["members"]))
-        back = next(e for e in events if e["kind"] == "generation" and e["world_size"] == 2 and e["t"] > ready["t"])
-        assert back["t"] - ready["t"] < 1.0, (ready, back)
+        alone = [p for p in read_progress(run_dirs["log_dir"]) if p["world"] == 1 and "batches" in p]
+        after = [(p["epoch"], p["step"]) for p in alone if p["time"] > ready["time"]]
+        assert len(after) <= 1, f"the survivor trained on alone after the replacement was ready: {after}"
     committed = RunStorage.at(result.path).committed()
     assert len(committed) == EPOCHS, f"an epoch's checkpoint was not stored: {[c.index for c in committed]}"
     regrown = [p for p in read_progress(run_dirs["log_dir"]) if p.get("generation", 0) >= 2]

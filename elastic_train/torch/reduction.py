@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_train.worker.session import TrainSession
-from elastic_train.worker.world_group import generation_group
+from elastic_train.worker.world_group import ended_alone, generation_group
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class StepReduction:
 
     def _complete(self) -> None:
         buckets, self._buckets = self._buckets, []
-        error = _wait_all(buckets)
+        error = _wait_all(buckets, self._session)
         while error is not None:
             if not self._session.go_on_in_place("gradients"):
                 for b in buckets:
@@ -84,7 +84,7 @@ class StepReduction:
                         dist.get_world_size())
             for b in buckets:
                 b.reduced, b.work = _start(b.local)
-            error = _wait_all(buckets)
+            error = _wait_all(buckets, self._session)
         self._session.reduced()
         for b in buckets:
             b.future.set_result(b.reduced)
@@ -100,9 +100,9 @@ def _start(local: torch.Tensor) -> tuple[torch.Tensor, dist.Work | None]:
         return reduced, None
 
 
-def _wait_all(buckets: list[_Bucket]) -> Exception | None:
+def _wait_all(buckets: list[_Bucket], session: TrainSession) -> Exception | None:
     """Wait for every bucket's all-reduce, the failed ones too (none then writes after the wait);
-    the first failure, or None if all passed."""
+    the first failure (or the end of a group of one's generation), or None if all passed."""
     error: Exception | None = None
     for b in buckets:
         try:
@@ -111,5 +111,5 @@ def _wait_all(buckets: list[_Bucket]) -> Exception | None:
             b.work.wait()
         except Exception as exc:  # noqa: BLE001 - a lost peer: handled by the caller, after every wait
             error = error or exc
-    return error
+    return error or ended_alone(session)
 

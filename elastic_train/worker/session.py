@@ -250,6 +250,10 @@ class TrainSession:
         world). Every recovery re-enters the loop."""
         self._bound_to_world = True
 
+    def generation_ended(self) -> bool:
+        """Did the supervisor end the generation the loop is in?"""
+        return self._host.generation_ended()
+
     def go_on_in_place(self, at: str) -> bool:
         """The group must re-form under the loop, which stands `at` (protocol.py `Position`): a
         collective of the step's gradient reduction (torch/reduction.py) or one of DDP's own

@@ -48,6 +48,8 @@ class Loop(Protocol):
 
     def go_on_in_place(self, at: str) -> bool: ...
 
+    def generation_ended(self) -> bool: ...
+
     def bound_to_world(self) -> None: ...
 
 
@@ -169,6 +171,8 @@ def run(op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor
     while True:
         try:
             op(_following.current).wait()
+            if error := ended_alone(loop):
+                raise error
             _following.calls += 1
             return Done(result)
         except RuntimeError:  # a failed collective (DistError is one); an argument's error is raised at once
@@ -178,6 +182,16 @@ def run(op: Callable[[dist.ProcessGroup], dist.Work], changed: list[torch.Tensor
                         _following.current.size())
             for tensor, saved in zip(changed, before):
                 tensor.copy_(saved)
+
+
+def ended_alone(loop: Loop) -> RuntimeError | None:
+    """The failure a peer's loss would raise in a group of one whose generation the supervisor ended
+    (a replacement is ready to bring the run back to its size): an abort fails collectives by shutting
+    the connections to peers (process_group.py), and a world of one has none, so without this check
+    its loop would train on to its next report, to have those steps thrown away."""
+    if _following.current.size() == 1 and loop.generation_ended():
+        return RuntimeError("the generation ended: its group of one was aborted")
+    return None
 
 
 def _building_ddp() -> bool:
