@@ -38,8 +38,8 @@ FSDP_WIDTH = 896  # 4 x Linear(896, 896): 3.2 M parameters, 38 MB with AdamW's t
 
 
 def _log_parks() -> None:
-    """This worker's log says what it holds as it parks (elastic_train.worker.actor, at INFO)."""
-    logger = logging.getLogger("elastic_train.worker.actor")
+    """This worker's log says what it holds as it parks (elastic_train.worker.member, at INFO)."""
+    logger = logging.getLogger("elastic_train.worker.member")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))

@@ -73,8 +73,7 @@ from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState
 from elastic_train.supervisor.tasks import Tasks
 from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.worker.actor import WorkerSpec
-from elastic_train.worker.context import RunInfo
+from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
 
 logger = logging.getLogger("benchmarks.scale")
 
@@ -478,8 +477,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as storage_path:
             storage = RunStorage(storage_path, "scale", None, RetryPolicy.of(elastic))
-            spec = WorkerSpec(train_fn=_no_op, train_config=None, backend="gloo", elastic=elastic, storage=storage,
-                              run=RunInfo(storage.name), checkpointing=CheckpointConfig())
+            spec = WorkerSpec.of(LoopSpec(_no_op, None), backend="gloo", elastic=elastic, storage=storage,
+                                 run=RunInfo(storage.name), checkpointing=CheckpointConfig())
             rng = random.Random(0)
             runs = []
             for n in counts:

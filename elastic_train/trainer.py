@@ -34,8 +34,7 @@ from elastic_train.result import Result
 from elastic_train.run_folder.record import RunRecord
 from elastic_train.torch.config import TorchConfig
 from elastic_train.unsupported import TRAIN_NAMES
-from elastic_train.worker.actor import WorkerSpec
-from elastic_train.worker.context import RunInfo
+from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -218,17 +217,14 @@ class DataParallelTrainer:
         storage.check_writable()
         trial_name, trial_id = _tune_trial()
         run_id = uuid.uuid4().hex
-        spec = WorkerSpec(
-            train_fn=self.train_loop_per_worker,
-            train_config=(self.train_loop_config or {}) if self._loop_takes_config else None,
-            backend=self._backend,
-            elastic=elastic,
-            storage=storage,
-            run=RunInfo(name, trial_name, trial_id, self.metadata, run_id),
-            checkpointing=run.checkpoint_config or CheckpointConfig(),
-            initial_checkpoint=self.resume_from_checkpoint,
-            chdir=chdir_to_trial_dir(),
-        )
+        loop = LoopSpec(self.train_loop_per_worker, (self.train_loop_config or {}) if self._loop_takes_config else None,
+                        self.resume_from_checkpoint)
+
+        def spec_of(loop: LoopSpec) -> WorkerSpec:
+            return WorkerSpec.of(loop, backend=self._backend, elastic=elastic, storage=storage,
+                                 run=RunInfo(name, trial_name, trial_id, self.metadata, run_id),
+                                 checkpointing=run.checkpoint_config or CheckpointConfig(), chdir=chdir_to_trial_dir())
+
         if not ray.is_initialized():
             ray.init()
         if self.scaling_config.use_gpu and not ray.cluster_resources().get("GPU"):
@@ -237,16 +233,16 @@ class DataParallelTrainer:
                 "CPUs (gloo), or start Ray on machines with GPUs."
             )
         if not self.datasets:
-            return self._run(spec, run, elastic)
+            return self._run(spec_of(loop), run, elastic)
         from elastic_train.driver.launch import start_coordinators, stop_coordinators
         from elastic_train.ingest.config import prepare_datasets
 
         sources = prepare_datasets(self.datasets, self.dataset_config, self.scaling_config.total_resources.get("CPU", 0))
-        spec = dataclasses.replace(spec, datasets=start_coordinators(name, sources))
+        loop = dataclasses.replace(loop, datasets=start_coordinators(name, sources))
         try:
-            return self._run(spec, run, elastic)
+            return self._run(spec_of(loop), run, elastic)
         finally:
-            stop_coordinators(spec.datasets)
+            stop_coordinators(loop.datasets)
 
     def _run(self, spec: WorkerSpec, run: RunConfig, elastic: ElasticConfig) -> Result:
         """Run the supervisor and follow it to the run's `Result`."""

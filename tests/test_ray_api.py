@@ -45,7 +45,8 @@ from elastic_train.protocol import Assignment, PreemptionInfo
 from elastic_train.torch import TorchConfig, TorchTrainer
 from elastic_train.driver.launch import attach
 from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
-from elastic_train.worker.context import RunInfo, StorageContext, TrainContext
+from elastic_train.run_spec import RunInfo
+from elastic_train.worker.context import StorageContext, TrainContext
 from elastic_train.worker.persister import PartUpload, Persister
 from tests.conftest import ROOT, ray_runtime_env, stop_ray
 from tests.helpers import supervisor_alive, make_trainer, wait_for

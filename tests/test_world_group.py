@@ -1,7 +1,7 @@
 """WorldGroup on real gloo ranks, one process each, no Ray: the default group a loop holds follows it
 into the survivors' group, and a loop's collective that fails is made again there, or not at all.
 
-The survivors' `go_on` re-forms as worker/actor.py does (leave, then join the next generation's
+The survivors' `go_on` re-forms as worker/member.py does (leave, then join the next generation's
 group); the real one parks at the supervisor first (tests/test_in_place.py covers it on Ray).
 """
 

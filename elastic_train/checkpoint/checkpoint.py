@@ -21,7 +21,6 @@ import tempfile
 from typing import Any, Iterator
 
 import fsspec
-import torch
 
 from elastic_train.checkpoint.filesystems import as_fsspec
 from elastic_train.checkpoint.manifest import MANIFEST, CorruptCheckpointError, Manifest
@@ -57,12 +56,16 @@ def needs_replica(names: list[str], every_rank_holds_one: bool) -> bool:
 
 
 def dict_to_bytes(data: dict[str, Any]) -> bytes:
+    import torch  # here, not at the top: the supervisor and the driver open checkpoints without torch's 1.3 s
+
     buffer = io.BytesIO()
     torch.save(data, buffer)
     return buffer.getvalue()
 
 
 def dict_from_bytes(raw: bytes) -> dict[str, Any]:
+    import torch  # see dict_to_bytes
+
     try:
         return torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - re-raised with the fix in the message

@@ -25,7 +25,7 @@ from elastic_train.run_folder.summary import RunSummary
 from elastic_train.supervisor.adoption import worker_prefix
 from elastic_train.supervisor.controller import Controller
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
-from elastic_train.worker.actor import WorkerSpec
+from elastic_train.run_spec import WorkerSpec
 
 
 class Supervisor:

@@ -39,7 +39,7 @@ from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.supervisor.tasks import Tasks
 from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.worker.actor import WorkerSpec
+from elastic_train.run_spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 

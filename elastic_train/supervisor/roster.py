@@ -22,7 +22,8 @@ from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, describe_workers,
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
 from elastic_train.supervisor.tasks import Tasks
 from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.worker.actor import TrainWorker, WorkerSpec
+from elastic_train.run_spec import WorkerSpec
+from elastic_train.worker.actor import TrainWorker
 from elastic_train.worker.nccl_env import nccl_env
 
 logger = logging.getLogger(__name__)

@@ -15,17 +15,7 @@ from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.constants import working_dirs_root
 from elastic_train.faithful.reads import record
 from elastic_train.protocol import Assignment
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the driver knows of the run that every worker's context tells the loop."""
-
-    name: str
-    trial_name: str | None = None  # the Ray Tune trial this run belongs to, if any
-    trial_id: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)  # TorchTrainer(metadata=...)
-    run_id: str = ""  # unique to this fit(): the run record (run.json) names it
+from elastic_train.run_spec import RunInfo
 
 
 @dataclass(frozen=True)

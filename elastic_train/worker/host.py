@@ -1,5 +1,5 @@
 """What a generation's session gets from the worker that runs it: plain facts (`SessionSetup`) and
-the worker's services (`SessionHost`, implemented in worker/actor.py).
+the worker's services (`SessionHost`, implemented in worker/member.py).
 
 Why: the session (the user's API inside the loop) holds, stores and reports through the worker's
 memory, persister and report sender, which outlive the generation; naming them in one Protocol keeps

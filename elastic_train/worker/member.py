@@ -1,4 +1,5 @@
-"""`TrainWorker`: the Ray actor that runs the user's loop, generation after generation.
+"""`Member`: what a worker does, inside its Ray actor (actor.py): it runs the user's loop, generation
+after generation.
 
 The process survives membership changes: between generations it parks at the supervisor, is
 handed its next place (rank, world size, rendezvous, where to resume from), rebuilds the process
@@ -12,24 +13,21 @@ import os
 import socket
 import threading
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import ray
 import torch.distributed as dist
 
-from elastic_train.config import CheckpointConfig, ElasticConfig
 from elastic_train.faithful.reads import track_environment
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, PlaceRead, Position, Stop, WorkerInfo
-from elastic_train.checkpoint.checkpoint import Checkpoint
-from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import GenerationEnded, PeerLost
 from elastic_train.worker.allocator import retain_freed_memory
 from elastic_train.worker.heartbeat import HeartbeatSender
 from elastic_train.worker.persister import PartUpload
 from elastic_train.worker.preemption import NoticeWatcher, make_pollers
 from elastic_train.worker.process_state import Place, reset_for_generation
-from elastic_train.worker.context import RunInfo, TrainContext
+from elastic_train.run_spec import WorkerSpec
+from elastic_train.worker.context import TrainContext
 from elastic_train.worker.holdings import Holdings
 from elastic_train.worker.replicator import Facts, as_pieces, from_pieces
 from elastic_train.worker.report_sender import ReportSender, Sent
@@ -44,33 +42,18 @@ from elastic_train.worker.uploads import Uploads
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class WorkerSpec:
-    """What every worker of a run needs; built once by the trainer."""
-
-    train_fn: Callable[..., Any]
-    train_config: dict[str, Any] | None
-    backend: str
-    elastic: ElasticConfig
-    storage: RunStorage
-    run: RunInfo
-    checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
-    initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
-    chdir: bool = True  # the loop runs in the run's working directory (RAY_CHDIR_TO_TRIAL_DIR=0: it does not)
-    datasets: Mapping[str, Any] = field(default_factory=dict)  # ingest/config.py DatasetSource by name
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
 
 
-class TrainWorker:
+class Member:
     def __init__(self, worker_id: int, supervisor: Any, spec: WorkerSpec):
         self.worker_id = worker_id
         self._supervisor = supervisor
         self._spec = spec
+        self._loop = spec.open_loop()
         track_environment()  # the loop's reads of RANK, WORLD_SIZE, ... (faithful/reads.py)
         if spec.elastic.snapshot_memory_retain_mb is not None:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
@@ -106,7 +89,7 @@ class TrainWorker:
         # of one process are not ordered).
         if ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid())):
             # before it can be given a place: its peers would wait for it
-            warm_up(use_cuda=spec.backend == "nccl", datasets=bool(spec.datasets))
+            warm_up(use_cuda=spec.backend == "nccl", datasets=spec.with_datasets)
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
@@ -290,9 +273,9 @@ class TrainWorker:
             self._uploads.submit(resumed)
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
-                                            self._spec.elastic.persist_flush_timeout_s, self._spec.initial_checkpoint,
+                                            self._spec.elastic.persist_flush_timeout_s, self._loop.initial_checkpoint,
                                             self._spec.elastic.recover_in_place, self._spec.backend,
-                                            self._spec.elastic.sharded_state_budget, self._spec.datasets,
+                                            self._spec.elastic.sharded_state_budget, self._loop.datasets,
                                             self._spec.elastic.part_safe_wait_s),
                                _Host(self))
         set_session(session)
@@ -316,10 +299,8 @@ class TrainWorker:
         try:
             if self._spec.chdir:
                 os.chdir(session.context.working_dir())
-            if self._spec.train_config is None:
-                returned = self._spec.train_fn()
-            else:
-                returned = self._spec.train_fn(self._spec.train_config)
+            loop = self._loop
+            returned = loop.train_fn() if loop.train_config is None else loop.train_fn(loop.train_config)
             session.finish()
             self._uploads.store_now(session.unstored(), "the last checkpoint")  # whatever the cadence
             place = session.context.assignment
@@ -384,7 +365,7 @@ class TrainWorker:
 class _Host:
     """A worker's services to its session (host.py `SessionHost`), in the generation the worker is in."""
 
-    def __init__(self, worker: TrainWorker):
+    def __init__(self, worker: Member):
         self._worker = worker
         self.supervisor = worker._supervisor
         self.hold, self.read_held, self.held_state = worker._hold, worker.read_checkpoint, worker._held.own.live_state
