@@ -104,7 +104,8 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name = str(workdir / "storage"), "kill_recovery"
     spare = 2 if data == "ray" else 0  # Ray Data's tasks: CPUs the workers leave
-    ray.init(num_cpus=workers + spare, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    os.environ.update(env)  # inherited by Ray's processes: with no runtime env an actor starts in an idle worker process
+    ray.init(num_cpus=workers + spare, include_dashboard=False, log_to_driver=False)
     datasets = {"train": ray.data.range(dataset_rows(config, workers))} if data == "ray" else None
     try:
         started = time.monotonic()

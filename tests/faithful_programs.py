@@ -431,4 +431,3 @@ PROGRAMS: dict[str, tuple[Callable[[dict], None], tuple[Callable[[str, et.Result
     "ddp_tutorial": (ddp_tutorial, (seeded_order, a_checkpoint_every_epoch)),
 }
 OWN_DATA = {"rank_once_own_data"}  # no prepared loader: not every sample at every world size
-NO_LOADER = {"rank_once_own_data", "ddp_tutorial"}  # no prepared loader: re-entered at every recovery

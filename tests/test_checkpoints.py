@@ -215,9 +215,11 @@ def test_resume_plans_use_what_parked_workers_hold_and_memory_is_keyed_by_genera
 @pytest.mark.parametrize("replicate", [False, True])
 def test_rank_directories_merge_and_a_lost_shard_falls_back_to_storage(local_ray, run_dirs, replicate):
     """Rank 1's shard dies with it: without replicas the survivor resumes from a whole checkpoint in
-    storage; with them (the default), from rank 1's replica in rank 0's memory. Never a torn one."""
+    storage; with them (the default), from rank 1's replica in rank 0's memory. Never a torn one. (The
+    loop would go on in place, its survivor keeping its rank: `recover_in_place=False` makes it
+    re-enter, the path where the shard must be found.)"""
     result = make_trainer(run_dirs, (1, 2), sharded_directory_loop, steps=90, step_time=0.1,  # time for the replacement
-                          elastic=et.ElasticConfig(replicate_checkpoints=replicate),
+                          elastic=et.ElasticConfig(replicate_checkpoints=replicate, recover_in_place=False),
                           fault={"kind": "kill", "rank": 1, "at_step": 12}).fit()
     assert result.error is None, result.error
     assert result.world_sizes[-1] == 2

@@ -17,7 +17,7 @@ import elastic_train as et
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.events import read_events
-from tests.faithful_programs import NO_LOADER, OWN_DATA, PROGRAMS, every_sample_once_an_epoch
+from tests.faithful_programs import OWN_DATA, PROGRAMS, every_sample_once_an_epoch
 from tests.helpers import make_trainer
 from tests.loops import read_progress
 
@@ -34,8 +34,6 @@ def expected_path(name: str, victim: int) -> str:
     keeps its number; rank 0 lost: a rank read where it is used answers anew)."""
     if name in BY_TIMING:
         return "either"
-    if name in NO_LOADER:
-        return "re-entered, no loader"  # docs/in_place.md: a loop with no prepared loader is re-entered
     if name in HOLD_THEIR_WORLD or (name in READ_RANK_ONCE and victim == 0):
         return "re-entered"
     return "in place"
@@ -100,7 +98,5 @@ def test_a_program_computes_what_ray_computes_through_a_kill(local_ray, run_dirs
     path = expected_path(name, victim)
     if path == "in place" or (path == "either" and recovery.resume_from == "in place"):
         assert recovery.resume_from == "in place", opened
-    elif path == "re-entered, no loader":
-        assert recovery.resume_from != "in place", opened
     else:
         assert recovery.resume_from != "in place" and "faithful_programs.py:" in recovery.reentered_because, opened

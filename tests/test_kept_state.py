@@ -280,13 +280,15 @@ def _kept_loop_reporting_a_checkpoint(config: dict) -> None:
 def test_a_kept_loop_that_resumes_from_a_checkpoint_it_never_loads_fails_with_the_fix(local_ray, run_dirs):
     """Rank 1 is lost as step 6 begins: the newest state is report 5's, where rank 0 reported a
     checkpoint (a rank's kept state is dropped at a report where a peer reports a checkpoint). The loop
-    never loads it, so going on would train a fresh model from step 6: the run fails, naming the fix."""
+    never loads it, so re-entering would train a fresh model from step 6: the run fails, naming the fix.
+    (Its survivor, rank 0 still, would go on in place: `recover_in_place=False` makes it re-enter.)"""
     fault = {"kind": "kill", "rank": 1, "at_step": 6}
     trainer = et.TorchTrainer(
         _kept_loop_reporting_a_checkpoint, train_loop_config={"steps": 10, "log_dir": run_dirs["log_dir"],
                                                               "fault": fault},
         scaling_config=et.ScalingConfig(num_workers=(1, 2)),
-        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run"))
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run",
+                                elastic_config=et.ElasticConfig(recover_in_place=False)))
     with pytest.raises(et.TrainingFailedError, match=r"resumed from checkpoint 5.*did not load it"):
         trainer.fit()
 
@@ -306,26 +308,30 @@ def test_keeping_a_scheduler_without_a_kept_state_fails_with_the_fix(local_ray, 
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("point", ["step_start", "after_forward"])
-def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_step(local_ray, run_dirs, point):
+@pytest.mark.parametrize("point, in_place", [("step_start", True), ("after_forward", True), ("after_forward", False)])
+def test_a_batch_norm_model_under_ddp_defaults_loses_no_step_to_a_peer_lost_mid_step(local_ray, run_dirs, point,
+                                                                                     in_place):
     """A user's model with BatchNorm under DDP's defaults: its forward writes the running statistics
     (DDP broadcasts rank 0's first) before the step's gradient all-reduce; its StepLR is kept with it
     (`keep_state`). Rank 1 is SIGKILLed at step 7: as it begins (the survivor's buffer broadcast fails
     before its forward), or after its forward (the survivor's forward of step 7 has run when its
-    all-reduce fails). The run goes on from report 6 in memory, no step redone, and ends with a
-    fault-free run's parameters, running statistics, momentum and learning rate: the statistics held
-    for report 6 are report 6's, not those step 7's forward wrote, and the schedule halves the rate
-    after step 8, not 4 steps after the resume."""
+    all-reduce fails). The survivor, rank 0 still, goes on in place from report 6, no step redone,
+    and the run ends with a fault-free run's parameters, running statistics, momentum and learning
+    rate: step 7's forward wrote the statistics once, and the schedule halves the rate after step 8.
+    Re-entered instead (`recover_in_place=False`), from report 6's kept state in memory, the same: the
+    statistics held for report 6 are report 6's, not those step 7's forward wrote, and the schedule
+    goes on from step 6, not from 0."""
     steps = 12
     result = et.TorchTrainer(
         batch_norm_loop,
         train_loop_config={"steps": steps, "step_time": 0.08, "log_dir": run_dirs["log_dir"],
                            "fault": {"kind": "kill", "rank": 1, "at_step": 7, "point": point}},
         scaling_config=et.ScalingConfig(num_workers=(1, 2)),
-        run_config=et.RunConfig(name="run", storage_path=run_dirs["storage"]),
+        run_config=et.RunConfig(name="run", storage_path=run_dirs["storage"],
+                                elastic_config=et.ElasticConfig(recover_in_place=in_place)),
     ).fit()
     after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
-    assert (after[0]["resume_from"], after[0]["resume_index"]) == ("memory", 6), after
+    assert (after[0]["resume_from"], after[0]["resume_index"]) == ("in place" if in_place else "memory", 6), after
     done = [p["step"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0]
     assert sorted(done) == list(range(1, steps + 1)), done  # every step once: none redone, none skipped
 

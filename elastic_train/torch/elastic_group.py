@@ -24,9 +24,10 @@ from elastic_train.worker.world_group import WorldGroup, generation_group, run
 
 class ElasticGroup(WorldGroup):
     """DDP's process group: a `WorldGroup` whose collectives are DDP's. Those that fail
-    inside autograd's backward (the map of used parameters) go on in place too, as do its all-gathers
-    (the shape check as it is built), and its broadcasts (rank 0's buffers) whichever rank is rank 0
-    now: each rank's input is its own copy."""
+    inside autograd's backward (the map of used parameters) go on in place too, as do its broadcasts
+    (rank 0's buffers) whichever rank is rank 0 now: each rank's input is its own copy. Its all-gather
+    (the shape check as it is built) is not made again: its outputs are one per rank of the world it
+    began in, and a loop that loses a peer before it has a model has nothing to go on from."""
 
     def __init__(self) -> None:
         super().__init__(generation_group())
@@ -38,7 +39,7 @@ class ElasticGroup(WorldGroup):
         return run(lambda group: group.broadcast(tensors, opts), tensors, tensors, "ddp")
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
-        return run(lambda group: group.allgather(outputs, inputs, opts), [], outputs, "ddp")
+        return generation_group().allgather(outputs, inputs, opts)
 
     def barrier(self, opts: Any = None) -> dist.Work:
         return run(lambda group: group.barrier(opts) if opts is not None else group.barrier(), [], None, "ddp")

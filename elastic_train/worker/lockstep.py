@@ -126,17 +126,20 @@ class Lockstep:
         return agreed
 
     def settle_pending(self) -> None:
-        """Before going on in place: wait for the barrier of a report that went on before it passed, on
-        the group being left. If it failed, the lost peer never made that report; the survivors did
-        (they stand at one position past it): it counts as theirs, with nothing agreed but its
-        metrics, and is sent once the loop goes on in place (`reformed`)."""
+        """Before the group re-forms under the loop: settle a report that went on before its barrier
+        passed, on the group being left, as the next report would (`confirm`): its kept state is held
+        and the supervisor hears of it before this worker parks, so that a loop that does not go on
+        in place is re-entered from it. If the barrier failed, the lost peer never made that report;
+        the survivors did (they stand at one position past it): it counts as theirs, with nothing
+        agreed but its metrics (`_keep_unagreed`), and is sent once the loop goes on in place
+        (`reformed`)."""
         pending = self._pending
         if pending is None:
             return
         try:
-            pending.agreement.result()
-        except Exception:  # noqa: BLE001 - the lost peer's share of the barrier never came
-            self._pending, self._agreed, self._unsent = None, Agreed(False, False, False, False), pending
+            self.confirm(pending.made)
+        except (PeerLost, GenerationEnded):
+            pass  # the lost peer's share of the barrier never came
 
     def reformed(self, world_size: int, generation: int) -> None:
         """The loop goes on in place as generation `generation`, in a group of `world_size`: the barriers

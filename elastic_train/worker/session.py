@@ -260,12 +260,13 @@ class TrainSession:
         (torch/elastic_group.py) failed, the barrier of a report failed, or every rank leaves the group
         at this report. Park inside the loop and go on in the next generation if it re-forms in place. The
         context then answers the new place, and the prepared loaders re-shard the rest of the epoch
-        over it, with the shares the lost ranks did not complete. False: the loop must unwind and is
-        entered afresh: always in a loop with no prepared loader (it draws its data by what it read of
-        its place, which is weighed only where a loader re-shards it)."""
+        over it, with the shares the lost ranks did not complete. A loop with no prepared loader draws
+        its data by what it read of its place: it goes on where none of that changed (a rank that
+        keeps its number, the world size never read), which the supervisor weighs with the rest of
+        the loop's reads (`reads.relevant`). False: the loop must unwind and is entered afresh."""
         index, steps, calls = self._reduced
         position = Position(self.index, steps if index == self.index else 0, at, collectives_made() - calls)
-        if not self.recovers_in_place or not self._loaders or position == self._went_on_from:
+        if not self.recovers_in_place or position == self._went_on_from:
             return False  # the same collective failed again where the loop went on in place: entered afresh
         if at in ("collective", "rooted") and not self._reduces_steps:
             return False
