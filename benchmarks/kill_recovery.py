@@ -72,7 +72,7 @@ import elastic_train as et
 from benchmarks import torchft_system
 from benchmarks.fsdp_loop import FSDP_WIDTH
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
-                               chosen_systems, dataset_rows, machine_facts, median_spread, reported_step, spread,
+                               chosen_systems, dataset_rows, machine_facts, median_spread, reported_step, spread, start_ray,
                                WIDTH)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
@@ -104,8 +104,7 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name = str(workdir / "storage"), "kill_recovery"
     spare = 2 if data == "ray" else 0  # Ray Data's tasks: CPUs the workers leave
-    os.environ.update(env)  # inherited by Ray's processes: with no runtime env an actor starts in an idle worker process
-    ray.init(num_cpus=workers + spare, include_dashboard=False, log_to_driver=False)
+    start_ray(workers + spare, env)
     datasets = {"train": ray.data.range(dataset_rows(config, workers))} if data == "ray" else None
     try:
         started = time.monotonic()

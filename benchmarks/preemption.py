@@ -74,6 +74,7 @@ from benchmarks.common import (
     chosen_checkpointing,
     add_systems_option,
     chosen_systems,
+    start_ray,
     machine_facts,
     median_spread,
     reported_step,
@@ -180,7 +181,7 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name, budget = str(workdir / "storage"), "preemption", len(faults) + 2
     injector = FaultInjector(log, faults, seed)
-    ray.init(num_cpus=NUM_WORKERS, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    start_ray(NUM_WORKERS, env)
     try:
         injector.start()
         started = time.monotonic()

@@ -39,6 +39,7 @@ BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
                    "Ray Train's report.", ["--quick"], []),
     ("overhead", "Fault-free throughput against plain PyTorch DDP on the same model, next to torchft.", ["--quick"],
      []),
+    ("start", "fit() of a loop that reports once, and where its time goes, next to Ray Train.", ["--quick"], []),
     ("scale", "The supervisor with N simulated heartbeating workers, over UDP datagrams and over Ray calls: "
                "detection latency and its CPU.", ["--quick"],
      []),
