@@ -70,7 +70,7 @@ class Checkpointing:
     """How the workload checkpoints: rank 0 reports one every `every` steps (and at the last), every
     system alike. With `live`, elastic_train's ranks instead all report their live state every step
     (`Checkpoint.from_dict`: held in memory, serialized only to be stored or for a recovery), and every
-    `every`-th report is stored (`CheckpointConfig.persist_every_n_reports`). With `every` 0 no system
+    `every`-th report is stored (`CheckpointConfig.store_every_n_reports`). With `every` 0 no system
     reports a checkpoint: elastic_train keeps its model and optimizer live
     (`prepare_model(model, live_state=True)`); Ray Train, with nothing to resume from, starts over.
     `part_safe_wait_s`: elastic_train's `ElasticConfig.part_safe_wait_s` (None: its default)."""
@@ -83,7 +83,7 @@ class Checkpointing:
         return {"checkpoint_every": self.every, "live": self.live}
 
     def elastic_config(self) -> et.CheckpointConfig | None:
-        return et.CheckpointConfig(persist_every_n_reports=self.every) if self.live else None
+        return et.CheckpointConfig(store_every_n_reports=self.every) if self.live else None
 
     def elastic_runtime(self) -> et.ElasticConfig:
         return et.ElasticConfig(**({} if self.part_safe_wait_s is None else {"part_safe_wait_s": self.part_safe_wait_s}))

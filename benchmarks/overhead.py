@@ -21,8 +21,8 @@ writes them to a file in the run's log folder when the loop ends. Variants:
 * `elastic_train`: `TorchTrainer` with `ScalingConfig(num_workers=2)` on a fresh Ray instance,
   `prepare_model`, and `report(metrics)` every step on every rank.
 * `elastic_train+reentry`: the same with `ElasticConfig(recover_in_place=False)`: DDP without the
-  comm hook and the process group that let a loop go on in place (torch/reduction.py,
-  torch/elastic_group.py); next to `elastic_train`, what they cost.
+  comm hook and the process group that let a loop go on in place (worker/group/reduction.py,
+  worker/group/ddp.py); next to `elastic_train`, what they cost.
 * `elastic_train+checkpoint`: the same, and a checkpoint every step: rank 0 torch.saves model +
   optimizer state into a temporary directory and reports `Checkpoint.from_directory`, the other
   rank reports metrics only.
@@ -30,19 +30,19 @@ writes them to a file in the run's log folder when the loop ends. Variants:
   whose part is copied in the background returns without waiting for it to be copied to its buddy
   or stored (a worker lost within those milliseconds loses that report's part: one more step
   redone). A part of up to 1 MB goes to the buddy inside the report whatever this setting
-  (worker/part_exchange.py), so at this model's size the two rows measure the same path.
+  (worker/report/part_exchange.py), so at this model's size the two rows measure the same path.
 * `elastic_train+checkpoint/10`: the same with rank 0's checkpoint every 10th step; the other
   reports need no answer from the supervisor (they cost one small all-reduce).
 * `elastic_train+live/10`: every rank reports its live state every step (`Checkpoint.from_dict` of
   model + optimizer state: held in memory, serialized only when stored or for a recovery), and
-  every 10th is stored (`CheckpointConfig(persist_every_n_reports=10)`): recovery from the state of
+  every 10th is stored (`CheckpointConfig(store_every_n_reports=10)`): recovery from the state of
   the last step, at the storage cost of a checkpoint every 10 steps.
 * `elastic_train+kept`: no checkpoint at all; `prepare_model(model, live_state=True)` keeps the model
   and optimizer live, so each `report(metrics)` holds their state by reference for a recovery from
   the last step. Nothing is stored.
 * `elastic_train+fsdp`, `elastic_train+fsdp+kept`: the MLP at width 896 (3.2 M parameters, AdamW)
   sharded by `prepare_model(parallel_strategy="fsdp")`, without and with its state kept (each report
-  copies the rank's share, sent to its buddy in the background: worker/sharded_state.py). Another
+  copies the rank's share, sent to its buddy in the background: worker/hold/sharded_state.py). Another
   model than the others': compare these two rows with each other.
 * `torchft`: torchft 0.2.0 in its recommended setup (`benchmarks.torchft_system`: a Lighthouse, a
   replica group per worker, its DDP and Optimizer wrappers, a quorum every step; its DDP comm hook
@@ -197,7 +197,7 @@ def run_variant(system: str, steps: int, step_time: float, workdir: Path) -> lis
                                                 recover_in_place="+reentry" not in system,
                                                 **({"part_safe_wait_s": 0} if "+nowait" in system else {})),
                                             checkpoint_config=et.CheckpointConfig(
-                                                persist_every_n_reports=every if config["live"] else None)),
+                                                store_every_n_reports=every if config["live"] else None)),
                 ).fit()
         finally:
             ray.shutdown()

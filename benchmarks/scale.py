@@ -67,13 +67,13 @@ from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import CheckpointConfig, ElasticConfig, ScalingConfig
 from elastic_train.protocol import Beat, BeatReply, HeartbeatChannel
+from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
 from elastic_train.supervisor.heartbeats import Heartbeats, widen_receive_buffer
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState
 from elastic_train.supervisor.tasks import Tasks
-from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
+from elastic_train.supervisor.watch.telemetry import Telemetry
 
 logger = logging.getLogger("benchmarks.scale")
 

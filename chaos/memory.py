@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gc
 
-from elastic_train.worker.memory import CheckpointMemory
+from elastic_train.worker.hold.parts import HeldParts
 
 
 def corrupt_held_copy(index: int, name: str) -> bool:
     """Flip one byte of file `name` of checkpoint `index` as this process holds it (its own part, or a
     peer's it keeps); False if it holds none."""
-    for memory in (found for found in gc.get_objects() if isinstance(found, CheckpointMemory)):
+    for memory in (found for found in gc.get_objects() if isinstance(found, HeldParts)):
         with memory._lock:
             for key, (held, part) in memory._parts.items():
                 if key[1] == index and isinstance(part, dict) and name in part:

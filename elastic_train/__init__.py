@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from elastic_train.checkpoint import Checkpoint
     from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
     from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
-    from elastic_train.ingest.config import TRAIN_DATASET_KEY, DataConfig
     from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
                                       TrainingFailedError, WorkerGroupError)
+    from elastic_train.ingest.config import TRAIN_DATASET_KEY, DataConfig
     from elastic_train.protocol import PreemptionInfo
     from elastic_train.result import Result
     from elastic_train.trainer import DataParallelTrainer, TorchTrainer
     from elastic_train.unsupported import UnsupportedAPIError
-    from elastic_train.worker.context import TrainContext
+    from elastic_train.worker.loop.context import TrainContext
 
 _WHERE = {  # name -> the module that defines it
     **dict.fromkeys(["ReportedCheckpoint", "get_all_reported_checkpoints", "get_checkpoint", "get_context",
@@ -46,7 +46,7 @@ _WHERE = {  # name -> the module that defines it
     "Result": "elastic_train.result",
     "BackendConfig": "elastic_train.backend",
     **dict.fromkeys(["DataParallelTrainer", "TorchTrainer"], "elastic_train.trainer"),
-    "TrainContext": "elastic_train.worker.context",
+    "TrainContext": "elastic_train.worker.loop.context",
     "UnsupportedAPIError": "elastic_train.unsupported",
     "torch": "elastic_train.torch",
 }

@@ -8,8 +8,8 @@ from typing import Any, Callable
 from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
 from elastic_train.protocol import PreemptionInfo
-from elastic_train.worker.context import TrainContext
-from elastic_train.worker.session import get_session
+from elastic_train.worker.loop.context import TrainContext
+from elastic_train.worker.loop.current import get_session
 
 
 def report(

@@ -2,7 +2,7 @@
 
 In Ray a `BackendConfig` names a `Backend` whose hooks set a framework's communication up on each
 new worker group. Here every generation's workers form a `torch.distributed` group themselves
-(worker/process_group.py), re-formed at every membership change with no controller in between, so a
+(worker/group/generation.py), re-formed at every membership change with no controller in between, so a
 `DataParallelTrainer` takes a `BackendConfig` whose backend has no hooks of its own (`TorchConfig`,
 or the base class): `check_backend` refuses one that has, naming why."""
 

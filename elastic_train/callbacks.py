@@ -64,7 +64,7 @@ class UserCallback:
                      checkpoint: Checkpoint | None) -> None:
         """Every rank made a report: `metrics[rank]` is what rank `rank` reported. `checkpoint` is
         the checkpoint committed to storage for this report, or None when the report had none or
-        it was not stored (a persistence cadence skipped it, or its upload was given up). Called in
+        it was not stored (a store cadence skipped it, or its upload was given up). Called in
         report order; a report whose checkpoint is on its way waits until it is committed."""
 
     def after_exception(self, run_context: TrainRunContext, worker_exceptions: dict[int, BaseException]) -> None:

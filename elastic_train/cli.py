@@ -34,8 +34,8 @@ from elastic_train.faithful.check import check_source
 from elastic_train.faithful.sites import LOGGED
 from elastic_train.progress import event_details, format_metrics
 from elastic_train.result import Result
+from elastic_train.run_folder.event_log import EVENT_LOG, read_events
 from elastic_train.run_folder.record import RUN, read_json
-from elastic_train.run_folder.events import EVENT_LOG, read_events
 
 app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False)
 

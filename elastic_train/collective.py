@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from elastic_train.worker.session import get_session
+from elastic_train.worker.loop.current import get_session
 
 T = TypeVar("T")
 

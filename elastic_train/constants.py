@@ -7,7 +7,7 @@ import tempfile
 
 RAY_CHDIR_TO_TRIAL_DIR = "RAY_CHDIR_TO_TRIAL_DIR"
 """Set to "0" in the driver's environment to have each worker's loop run in the worker's own current
-directory instead of the run's working directory (worker/context.py `working_dir`)."""
+directory instead of the run's working directory (worker/loop/context.py `working_dir`)."""
 
 
 def working_dirs_root() -> str:

@@ -22,10 +22,10 @@ import torch
 from ray.cluster_utils import Cluster
 
 import elastic_train as et
-from elastic_train.events import GenerationOpened, WorkerLost
-from elastic_train.torch import prepare_model
-from elastic_train.timeline import draw
 from elastic_train.driver.launch import attach
+from elastic_train.events import GenerationOpened, WorkerLost
+from elastic_train.timeline import draw
+from elastic_train.torch import prepare_model
 
 log = logging.getLogger("elastic_train.demo")
 STEPS = 300

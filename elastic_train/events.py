@@ -273,10 +273,10 @@ class CommitGivenUp(Event):
 
 
 @dataclass(frozen=True)
-class PersistGivenUp(Event):
+class StoreGivenUp(Event):
     """A worker could not store its part before the retry deadline."""
 
-    kind: ClassVar[str] = "persist_given_up"
+    kind: ClassVar[str] = "store_given_up"
     worker_id: int
     index: int
     reason: str

@@ -35,8 +35,8 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.errors import ConfigError
 from elastic_train.torch.data import ElasticDataLoader, prepare_data_loader
-from elastic_train.torch.model import get_device
 from elastic_train.unsupported import unsupported_getattr
+from elastic_train.worker.group.devices import get_device
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,28 @@ from typing import Any, NamedTuple
 from ray import cloudpickle
 
 
+class RunState(str, enum.Enum):
+    """The run's state, as the supervisor moves it (supervisor/state.py: the transitions) and as its
+    summary records it (run_folder/summary.py)."""
+
+    ADOPTING = "ADOPTING"
+    SCHEDULING = "SCHEDULING"
+    RUNNING = "RUNNING"
+    RESIZING = "RESIZING"
+    RESTARTING = "RESTARTING"
+    FINISHED = "FINISHED"
+    ERRORED = "ERRORED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.FINISHED, RunState.ERRORED)
+
+    @property
+    def training(self) -> bool:
+        """A generation is open and its members in their loop."""
+        return self in (RunState.RUNNING, RunState.RESIZING)
+
+
 class Exit(str, enum.Enum):
     """Why a worker left a generation and parked at the supervisor."""
 
@@ -24,11 +46,11 @@ class Exit(str, enum.Enum):
 @dataclass(frozen=True)
 class Position:
     """Where a survivor's loop stands when it parks inside it: `steps` gradient reductions after report
-    `index`, then `calls` collectives on the default group (worker/world_group.py), in the collective
+    `index`, then `calls` collectives on the default group (worker/group/world.py), in the collective
     `at` names ("gradients": the step's reduction; "ddp": one of DDP's own; "collective": one of the
     loop's, "rooted" if it is a broadcast or reduce from rank 0; "report": report `index`'s barrier;
     "leave": past it, every rank leaving the group there).
-    Survivors at one position may go on in place (worker/session.py `go_on_in_place`)."""
+    Survivors at one position may go on in place (worker/loop/session.py `go_on_in_place`)."""
 
     index: int
     steps: int = 0
@@ -60,7 +82,7 @@ class Outcome:
     error: bytes | None = None  # USER_ERROR: the exception, pickled by the worker (None if it could not be)
     returned: bytes | None = None  # FINISHED on rank 0: what the loop returned, pickled (Result.return_value)
     # A report whose barrier failed after its step made a collective with every peer; this worker holds
-    # its live dict part (worker/lockstep.py `_keep_unagreed`), which the next generation may resume from.
+    # its live dict part (worker/report/lockstep.py `_keep_unagreed`), which the next generation may resume from.
     unagreed: Report | None = None
     # Still inside its loop, which goes on from here if the next generation re-forms in place.
     in_place: Position | None = None
@@ -224,7 +246,7 @@ class BeatReply(NamedTuple):
 
 
 class Pace(NamedTuple):
-    """How a worker's loop went, sent with each report (supervisor/pace.py, supervisor/metrics.py)."""
+    """How a worker's loop went, sent with each report (supervisor/watch/pace.py, supervisor/watch/metrics.py)."""
 
     step_s: float  # the loop's time since its last report, outside report() and other barriers
     rss: float  # the process's resident memory, bytes
@@ -249,14 +271,14 @@ class Report:
     # The ranks that reported a checkpoint part here, as its barrier agreed (None: none did, or unknown):
     # a rank that died with this report on its way then took no part of it with it.
     part_ranks: list[int] | None = None
-    # A peer's report, whose part this worker received at this report's barrier (worker/part_exchange.py).
+    # A peer's report, whose part this worker received at this report's barrier (worker/report/part_exchange.py).
     peer: PeerReport | None = None
 
 
 @dataclass
 class PartStored:
-    """A worker stored its part of checkpoint `index` of `generation`, in `upload_s` (worker/uploads.py).
-    Sent after its report, in the same stream (worker/report_sender.py): no call of its own."""
+    """A worker stored its part of checkpoint `index` of `generation`, in `upload_s` (worker/store/worker_store.py).
+    Sent after its report, in the same stream (worker/report/sender.py): no call of its own."""
 
     generation: int
     index: int

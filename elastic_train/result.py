@@ -12,8 +12,8 @@ from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError, TrainingFailedError
 from elastic_train.events import GenerationOpened
+from elastic_train.run_folder.event_log import read_events
 from elastic_train.run_folder.record import HISTORY_KEYS, METRICS, RUN, read_json
-from elastic_train.run_folder.events import read_events
 
 
 def stored_checkpoint(storage: RunStorage, committed: CommittedCheckpoint) -> Checkpoint:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_train.errors import ConfigError
-from elastic_train.result import Result
 from elastic_train.events import LOST_KINDS, CheckpointCommitted, GenerationOpened
+from elastic_train.result import Result
 
 SIZE_PX = (1200, 600)  # the PNG's width and height
 DPI = 100

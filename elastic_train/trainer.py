@@ -32,9 +32,9 @@ from elastic_train.errors import ConfigError, ControllerError
 from elastic_train.progress import Progress
 from elastic_train.result import Result
 from elastic_train.run_folder.record import RunRecord
+from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
 from elastic_train.torch.config import TorchConfig
 from elastic_train.unsupported import TRAIN_NAMES
-from elastic_train.run_spec import LoopSpec, RunInfo, WorkerSpec
 
 logger = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 # --- seed 000: "from ray.train.torch import TorchTrainer; from ray.train import ScalingConfig"
-from elastic_train.torch import TorchTrainer
 from elastic_train import ScalingConfig
+from elastic_train.torch import TorchTrainer
 
 # --- seed 001: "from ray import train"
 import elastic_train as train
 
 # --- seed 002: "import ray.train; from ray.train.torch import get_device, prepare_model, prepare_data_loader"
 import elastic_train
-from elastic_train.torch import get_device, prepare_model, prepare_data_loader
 from elastic_train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig
+from elastic_train.torch import get_device, prepare_model, prepare_data_loader
 
 USE_GPU = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""The one background-thread base of the persister, the replicator and the report sender: work
+"""The one background-thread base of the store queue, the replicator and the report sender: work
 handed over is done in order on its thread, a replaced piece counts as done, and `flush` waits for
 what was handed over before it, not for a loop that keeps handing over more to pause."""
 
@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from elastic_train.protocol import HeldCheckpoint
-from elastic_train.worker.persister import PartUpload, Persister
-from elastic_train.worker.replicator import INLINE_BYTES, Replicator, as_pieces, from_pieces
+from elastic_train.worker.hold.replicator import INLINE_BYTES, Replicator, as_pieces, from_pieces
+from elastic_train.worker.store.queue import PartToStore, StoreQueue
 
 
 def _held(index: int) -> HeldCheckpoint:
@@ -94,23 +94,23 @@ def test_a_flush_is_not_fooled_by_a_part_replaced_after_it_began():
     uploading, release = threading.Event(), threading.Event()
     stored: list[int] = []
 
-    def upload(part: PartUpload) -> None:
+    def upload(part: PartToStore) -> None:
         uploading.set()
         release.wait(10)
         stored.append(part.index)
 
-    persister = Persister(upload, lambda p, e: None, lambda p, e: None, max_queued=2)
-    persister.submit(PartUpload(0, 1, {}))
+    queue = StoreQueue(upload, lambda p, e: None, lambda p, e: None, max_queued=2)
+    queue.submit(PartToStore(0, 1, {}))
     assert uploading.wait(5)
     flushed: list[bool] = []
-    flushing = threading.Thread(target=lambda: flushed.append(persister.flush(5)))
+    flushing = threading.Thread(target=lambda: flushed.append(queue.flush(5)))
     flushing.start()
-    persister.submit(PartUpload(0, 2, {}))
-    persister.submit(PartUpload(0, 3, {}))  # replaces 2, still waiting
+    queue.submit(PartToStore(0, 2, {}))
+    queue.submit(PartToStore(0, 3, {}))  # replaces 2, still waiting
     flushing.join(0.3)
     assert flushed == [] and stored == []  # part 1 is still under way
     release.set()
     flushing.join(5)
     assert flushed == [True] and stored[0] == 1
-    persister.close(5)
+    queue.close(5)
     assert stored == [1, 3]

@@ -10,12 +10,12 @@ import pytest
 
 import elastic_train as et
 from elastic_train.checkpoint import manifest
-from elastic_train.checkpoint.manifest import CorruptCheckpointError, facts_made, facts_soon, file_facts
 from elastic_train.checkpoint.layout import Attempt
+from elastic_train.checkpoint.manifest import CorruptCheckpointError, facts_made, facts_soon, file_facts
 from elastic_train.checkpoint.storage import CHECKED_WHILE_WRITTEN_BYTES, RunStorage
 from elastic_train.protocol import HeldCheckpoint, ResumePlan
-from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.worker.memory import CheckpointMemory
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
+from elastic_train.worker.hold.parts import HeldParts
 from tests.helpers import make_trainer
 from tests.loops import linear_regression_loop, read_progress, sharded_directory_loop
 
@@ -111,7 +111,7 @@ def test_a_checkpoint_whose_lost_rank_died_with_its_report_is_whole_if_its_barri
 
 @pytest.mark.timeout(10)
 def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reported():
-    memory = CheckpointMemory(keep=2)
+    memory = HeldParts(keep=2)
     files = {"model.pt": b"weights"}
     memory.put(HeldCheckpoint(1, 0, 0, ["model.pt"], []), files)
     replica = file_facts({"shard_1": b"peer"})
@@ -126,15 +126,15 @@ def test_held_parts_have_their_facts_made_in_the_background_as_they_were_reporte
 def test_an_evicted_part_cancels_the_making_of_its_facts_and_whoever_shares_them_makes_them_itself():
     """The hashing thread is one: were the loop to report faster than it hashes, the parts waiting
     for it would pile up. A part the memory evicts before its turn is hashed never, except by who
-    still needs its facts (the persister, the replicator), on their own thread. (A part of up to
+    still needs its facts (the store queue, the replicator), on their own thread. (A part of up to
     HASHED_AT_ONCE_BYTES is hashed at once: the next test.)"""
     hashing_busy, release = threading.Event(), threading.Event()
     blocker = manifest._HASHING.submit(lambda: (hashing_busy.set(), release.wait(5)))
     assert hashing_busy.wait(5)
     try:
-        memory = CheckpointMemory(keep=1)
+        memory = HeldParts(keep=1)
         parts = [{"model.pt": bytes([index]) * (manifest.HASHED_AT_ONCE_BYTES + 1)} for index in range(3)]
-        shared = [facts_soon(part) for part in parts]  # what the persister and replicator hold too
+        shared = [facts_soon(part) for part in parts]  # what the store queue and replicator hold too
         for index, (part, facts) in enumerate(zip(parts, shared)):
             memory.put(HeldCheckpoint(index, 0, 0, ["model.pt"], []), part, facts=facts)
         assert [f.cancelled() for f in shared] == [True, True, False] and memory.keys() == [(0, 2)]
@@ -188,7 +188,7 @@ def test_resume_plans_use_what_parked_workers_hold_and_memory_is_keyed_by_genera
     must never be served for a newer one. And a worker that evicted a snapshot is no holder of it."""
     old = HeldCheckpoint(5, 1, 0, ["model.pt"], [])  # this worker, as rank 0 of generation 1
     new = HeldCheckpoint(5, 2, 0, ["model.pt"], [])  # its peer, rank 0 of generation 2 (a replica)
-    own, replicas = CheckpointMemory(keep=2), CheckpointMemory(keep=2)
+    own, replicas = HeldParts(keep=2), HeldParts(keep=2)
     own.put(old, {"model.pt": b"generation 1"})
     replicas.put(new, {"model.pt": b"generation 2"})
     assert own.find(2, 5, ["model.pt"]) == {} and replicas.get(2, 5, ["model.pt"]) == {"model.pt": b"generation 2"}
@@ -249,20 +249,20 @@ def test_a_new_fit_with_the_same_name_resumes_from_storage(local_ray, run_dirs):
 
 @pytest.mark.timeout(10)
 def test_persist_cadence_all_by_default_every_n_one_in_flight_and_all_by_score():
-    from elastic_train.supervisor.cadence import StoreCadence
+    from elastic_train.supervisor.checkpoints.cadence import StoreCadence
 
     every = StoreCadence(et.CheckpointConfig(), now=0.0)
     # No cadence asked for (the default, Ray's contract): every checkpoint, in order, none replaced.
     assert all(every.choose(i, now=0.0) for i in range(1, 6)) and not every.replaceable
-    newest = StoreCadence(et.CheckpointConfig(persist_every_n_reports=2), now=0.0)
+    newest = StoreCadence(et.CheckpointConfig(store_every_n_reports=2), now=0.0)
     # Every 2nd report, but not while the chosen one (2) is still on its way; once it settles, the next report.
     assert [newest.choose(i, now=i) for i in (1, 2, 3, 4)] == [False, True, False, False]
     newest.settled(2)
     assert [newest.choose(i, now=i) for i in (5, 6, 7)] == [True, False, False]
-    scored = StoreCadence(et.CheckpointConfig(persist_every_n_reports=2, checkpoint_score_attribute="loss"), 0.0)
+    scored = StoreCadence(et.CheckpointConfig(store_every_n_reports=2, checkpoint_score_attribute="loss"), 0.0)
     # Kept by score: nothing skipped for an upload in flight, and still every 2nd report.
     assert [i for i in range(1, 9) if scored.choose(i, now=i)] == [2, 4, 6, 8]
-    timed = StoreCadence(et.CheckpointConfig(persist_every_n_reports=None, persist_interval_s=10.0), 0.0)
+    timed = StoreCadence(et.CheckpointConfig(store_every_n_reports=None, store_interval_s=10.0), 0.0)
     chosen = []
     for t in (1, 5, 11, 12, 25):
         if timed.choose(t, now=t):
@@ -274,7 +274,7 @@ def test_persist_cadence_all_by_default_every_n_one_in_flight_and_all_by_score()
 @pytest.mark.timeout(10)
 def test_parts_of_one_checkpoint_handed_over_by_two_peers_are_merged():
     """Two leaving workers hand their parts of the same checkpoint to one staying worker: it holds both."""
-    memory = CheckpointMemory(keep=2)
+    memory = HeldParts(keep=2)
     memory.put(HeldCheckpoint(4, 1, -1, ["shard_2"], []), {"shard_2": b"2"}, evict=False)
     memory.put(HeldCheckpoint(4, 1, -1, ["shard_3"], []), {"shard_3": b"3"}, evict=False)
     assert memory.get(1, 4, ["shard_2", "shard_3"]) == {"shard_2": b"2", "shard_3": b"3"}

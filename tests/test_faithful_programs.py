@@ -16,7 +16,7 @@ import pytest
 import elastic_train as et
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.events import GenerationOpened
-from elastic_train.run_folder.events import read_events
+from elastic_train.run_folder.event_log import read_events
 from tests.faithful_programs import OWN_DATA, PROGRAMS, every_sample_once_an_epoch
 from tests.helpers import make_trainer
 from tests.loops import read_progress

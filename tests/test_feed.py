@@ -1,5 +1,5 @@
 """What the driver's callbacks see: every report all ranks made, in order, each once its
-checkpoint is settled (supervisor/feed.py). Pure logic, no Ray."""
+checkpoint is settled (supervisor/checkpoints/feed.py). Pure logic, no Ray."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from elastic_train.protocol import Exit, ReportRecord
 from elastic_train.supervisor import policy
-from elastic_train.supervisor.feed import ReportFeed
+from elastic_train.supervisor.checkpoints.feed import ReportFeed
 
 
 def _record(generation: int, index: int) -> ReportRecord:

@@ -27,7 +27,7 @@ import ray
 import torch
 
 import elastic_train as et
-from elastic_train.worker.nccl_env import HOSTID_PER_PROCESS, nccl_env
+from elastic_train.worker.group.nccl_env import HOSTID_PER_PROCESS, nccl_env
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import fault_once, log_progress, read_progress
@@ -228,7 +228,7 @@ def _share_rank(rank: int, world: int, port: int, conn: Any) -> None:
 
     import torch.distributed as dist
 
-    from elastic_train.worker.state_transfer import share
+    from elastic_train.worker.hold.state_transfer import share
 
     try:
         os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-{os.getpid()}"  # ranks may share a GPU

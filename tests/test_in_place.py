@@ -15,7 +15,7 @@ import torch
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import ElasticConfig
 from elastic_train.events import GenerationOpened
-from elastic_train.run_folder.events import read_events
+from elastic_train.run_folder.event_log import read_events
 from tests.guide_loops import SAMPLES, completed_steps, final_state, guide_loop, replay
 from chaos import schedules
 from chaos.harness import ChaosRunner
@@ -74,7 +74,7 @@ def test_a_worker_killed_mid_step_the_survivor_goes_on_and_the_replacement_joins
     """Fixed size (2): the survivor goes on alone while the replacement starts; once it is ready, every
     loop is re-entered at the full size from the newest checkpoint in memory at the survivor's next
     step (as Ray Train restarts at its size; a world of one has no peer whose loss fails its
-    collectives: world_group.py `ended_alone`). Elastic (1, 2): it joins at the next report carrying a checkpoint.
+    collectives: worker/group/world.py `ended_alone`). Elastic (1, 2): it joins at the next report carrying a checkpoint.
     Rank 0 killed: the survivor, rank 1, read its rank in the step the peer was lost in (the loop's
     fault injection, tests/loops.py `fault_once`), and the recovery makes it rank 0: its loop is
     re-entered from memory, as Ray Train's would be, and the event names that line."""

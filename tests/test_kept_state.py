@@ -13,10 +13,10 @@ import torch
 import elastic_train as et
 from elastic_train.checkpoint.checkpoint import DICT_FILE, STATE_FILE, dict_from_bytes
 from elastic_train.protocol import HeldCheckpoint
-from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.worker.kept_state import KeptState
-from elastic_train.worker.memory import CheckpointMemory
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
 from elastic_train.torch import keep_state, prepare_model
+from elastic_train.worker.hold.kept_state import KeptState
+from elastic_train.worker.hold.parts import HeldParts
 from tests.chaos.scenario import chaos_trainer, check_invariants
 from tests.loops import (batch_norm_loop, batch_norm_model, batch_norm_optimizer, batch_norm_step, fault_once,
                          read_progress)
@@ -78,7 +78,7 @@ def test_a_kept_state_stays_live_when_its_generation_ends_and_is_serialized_only
     _step(model, optimizer)
     part = kept.snapshot()
     kept.close()
-    memory = CheckpointMemory(keep=2)
+    memory = HeldParts(keep=2)
     memory.put(HeldCheckpoint(3, 0, 0, [STATE_FILE], []), part)
     memory.freeze()
     assert memory.live_state(0, 3) is part.data
@@ -116,7 +116,7 @@ def test_a_kept_state_is_built_when_read_as_it_was_at_its_report():
     part = kept.snapshot()
     model.weight = torch.nn.Parameter(model.weight.detach().clone())  # none of the noted tensors written
     assert part.clean()
-    memory = CheckpointMemory(keep=2)
+    memory = HeldParts(keep=2)
     memory.put(HeldCheckpoint(2, 0, 0, [STATE_FILE], []), part)
     assert memory.live_state(0, 2) is None and not part.clean() and part.files() is None
     kept.close()

@@ -14,10 +14,10 @@ import elastic_train as et
 from elastic_train.checkpoint.catalog import list_checkpoints, verify_checkpoint
 from elastic_train.checkpoint.checkpoint import DICT_FILE, METADATA_FILE, dict_from_bytes, needs_replica
 from elastic_train.protocol import HeldCheckpoint
-from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.report_barrier import Agreed
-from elastic_train.worker.memory import CheckpointMemory
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
+from elastic_train.worker.hold.live_part import LivePart
+from elastic_train.worker.hold.parts import HeldParts
+from elastic_train.worker.report.barrier import Agreed
 from tests.loops import read_progress, sample_counting_loop
 
 
@@ -59,7 +59,7 @@ def test_a_live_part_is_clean_until_the_optimizer_writes_its_tensors():
 @pytest.mark.timeout(30)
 def test_memory_keeps_one_live_part_and_settles_it_into_files_or_drops_it():
     model, optimizer = _model_and_optimizer()
-    memory = CheckpointMemory(keep=3)
+    memory = HeldParts(keep=3)
     stored = {DICT_FILE: b"stored"}
     memory.put(HeldCheckpoint(1, 0, 0, [DICT_FILE], []), stored)
     memory.put(HeldCheckpoint(2, 0, 0, [DICT_FILE], []), _live(model, optimizer, 2))
@@ -120,7 +120,7 @@ def _counting_trainer(run_dirs: dict, fault: dict, persist_every: int | None) ->
         sample_counting_loop, train_loop_config=config,
         scaling_config=et.ScalingConfig(num_workers=(1, 2)),
         run_config=et.RunConfig(storage_path=run_dirs["storage"], name="run",
-                                checkpoint_config=et.CheckpointConfig(persist_every_n_reports=persist_every),
+                                checkpoint_config=et.CheckpointConfig(store_every_n_reports=persist_every),
                                 elastic_config=et.ElasticConfig(recover_in_place=False)),
     )
 
@@ -181,7 +181,7 @@ def test_every_rank_reporting_its_state_stores_the_due_ones_and_the_last(local_r
             _state_every_step_loop, train_loop_config={"steps": steps},
             scaling_config=et.ScalingConfig(num_workers=2),
             run_config=et.RunConfig(storage_path=run_dirs["storage"], name=f"run_{steps}",
-                                    checkpoint_config=et.CheckpointConfig(persist_every_n_reports=2)),
+                                    checkpoint_config=et.CheckpointConfig(store_every_n_reports=2)),
         ).fit()
         assert result.error is None, result.error
         indices = [c.index for c in list_checkpoints(result.path)]

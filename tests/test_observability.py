@@ -20,10 +20,10 @@ import elastic_train as et
 from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.storage import RunStorage
+from elastic_train.driver.launch import attach
 from elastic_train.progress import Progress
 from elastic_train.protocol import Feed, ReportRecord
-from elastic_train.run_folder.events import EVENT_LOG, EventLog, read_events
-from elastic_train.driver.launch import attach
+from elastic_train.run_folder.event_log import EVENT_LOG, EventLog, read_events
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
@@ -41,7 +41,7 @@ def run_storage(request, tmp_path):
     return storage
 
 
-# == metrics, through Ray's metrics agent (supervisor/metrics.py) ===================================
+# == metrics, through Ray's metrics agent (supervisor/watch/metrics.py) ===================================
 @pytest.fixture
 def metrics_cluster():
     """A head (0 CPUs) exporting Prometheus metrics on a known port, every 0.2 s, and 2 nodes of 1 CPU:

@@ -1,4 +1,4 @@
-"""A small checkpoint part goes to its buddy inside the report (worker/part_exchange.py), on real gloo
+"""A small checkpoint part goes to its buddy inside the report (worker/report/part_exchange.py), on real gloo
 ranks (one process each): the barrier's all-reduce tells every rank what each sends, each buddy
 receives its peer's part with its report, stamped as its own barrier's; a large or dict-named part
 is left to the background copy; a peer lost before sending fails the receiver's exchange."""
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from elastic_train.checkpoint.checkpoint import DICT_FILE
 from elastic_train.checkpoint.manifest import facts_soon, file_facts
 from elastic_train.protocol import Report
-from elastic_train.worker.part_exchange import EXCHANGED_BYTES, PartExchange
-from elastic_train.worker.report_barrier import agree
+from elastic_train.worker.report.barrier import agree
+from elastic_train.worker.report.part_exchange import EXCHANGED_BYTES, PartExchange
 from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 20.0

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
-from elastic_train.checkpoint.manifest import Manifest
 from elastic_train.checkpoint.layout import CommittedCheckpoint
+from elastic_train.checkpoint.manifest import Manifest
+from elastic_train.config import ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.protocol import Exit, Position, ResumePlan
 from elastic_train.supervisor import policy
-from elastic_train.supervisor.goodput import GoodputAccount
-from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger, ReportEntry
 from elastic_train.supervisor.membership import WorkerRecord, assignments, plan_generation
-from elastic_train.supervisor.policy import Decision, Do, Member, Progress, Stall, stalled
-from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
+from elastic_train.supervisor.policy import Decision, Do, Member, LastReport, Stall, stalled
+from elastic_train.supervisor.watch.goodput import GoodputAccount
+from elastic_train.supervisor.watch.pace import PaceWatch, climbing, slow_ranks
 
 
 @pytest.mark.timeout(10)
@@ -21,18 +21,18 @@ from elastic_train.supervisor.pace import PaceWatch, climbing, slow_ranks
     "progress, now, timeout, expected",
     [
         # The watchdog is off, or someone reported within the timeout: nothing to do.
-        ([Progress(0, 5, 0.0), Progress(1, 4, 0.0)], 100.0, None, Stall()),
-        ([Progress(0, 5, 99.0), Progress(1, 4, 0.0)], 100.0, 3.0, Stall()),
+        ([LastReport(0, 5, 0.0), LastReport(1, 4, 0.0)], 100.0, None, Stall()),
+        ([LastReport(0, 5, 99.0), LastReport(1, 4, 0.0)], 100.0, 3.0, Stall()),
         ([], 100.0, 3.0, Stall()),
         # Stalled: the rank behind the others is hung (a loop without a collective; others wait at report).
-        ([Progress(0, 5, 90.0), Progress(1, 4, 80.0)], 100.0, 3.0, Stall(hung=(1,))),
-        ([Progress(0, 5, 90.0), Progress(1, 4, 80.0), Progress(2, 4, 80.0), Progress(3, 5, 90.0)], 100.0, 3.0,
+        ([LastReport(0, 5, 90.0), LastReport(1, 4, 80.0)], 100.0, 3.0, Stall(hung=(1,))),
+        ([LastReport(0, 5, 90.0), LastReport(1, 4, 80.0), LastReport(2, 4, 80.0), LastReport(3, 5, 90.0)], 100.0, 3.0,
          Stall(hung=(1, 2))),
         # Stalled with every rank at the same report (all stuck in one collective): abort the generation.
-        ([Progress(0, 5, 90.0), Progress(1, 5, 90.0)], 100.0, 3.0, Stall(restart=True)),
-        ([Progress(0, 0, 50.0)], 100.0, 3.0, Stall(restart=True)),
+        ([LastReport(0, 5, 90.0), LastReport(1, 5, 90.0)], 100.0, 3.0, Stall(restart=True)),
+        ([LastReport(0, 0, 50.0)], 100.0, 3.0, Stall(restart=True)),
         # Exactly at the timeout is not yet a stall.
-        ([Progress(0, 5, 97.0), Progress(1, 4, 0.0)], 100.0, 3.0, Stall()),
+        ([LastReport(0, 5, 97.0), LastReport(1, 4, 0.0)], 100.0, 3.0, Stall()),
     ],
 )
 def test_stalled_generation(progress, now, timeout, expected):
@@ -219,7 +219,7 @@ def test_a_long_run_keeps_a_small_ledger_and_what_resumes_and_storage_still_need
     assert ledger.abandoned_before(100_000, set()) == [(50_000, 0, None)]
 
 
-# == stragglers and growing memory (supervisor/pace.py) =============================================
+# == stragglers and growing memory (supervisor/watch/pace.py) =============================================
 @pytest.mark.timeout(10)
 def test_a_rank_is_slow_against_the_median_of_its_peers():
     assert slow_ranks({0: 0.1, 1: 0.35}, 2.0, 0.05) == {1}  # two ranks: against the other one
@@ -252,7 +252,7 @@ def test_memory_is_growing_when_it_rose_at_every_report_by_enough():
     assert flagged == [set(), set(), {7}, set(), set(), set(), {7}]
 
 
-# == where the run's time went (supervisor/goodput.py) ==============================================
+# == where the run's time went (supervisor/watch/goodput.py) ==============================================
 @pytest.mark.timeout(10)
 def test_goodput_counts_the_steps_kept_and_recovery_runs_from_the_fault_to_the_next_report():
     account = GoodputAccount(rate_window=3)

@@ -20,7 +20,7 @@ from ray.cluster_utils import Cluster
 
 import elastic_train as train
 from elastic_train import Checkpoint, ElasticConfig, FailureConfig, PreemptionError, RunConfig, ScalingConfig
-from elastic_train.supervisor.notices import Leaving, preemption_info
+from elastic_train.supervisor.preemption.notices import Leaving, preemption_info
 from elastic_train.torch import TorchTrainer, prepare_model
 from tests.conftest import ray_runtime_env, release_ray, start_ray, stop_ray
 from tests.helpers import fit_in_background, wait_for
@@ -161,7 +161,7 @@ def test_preemption_info_groups_ranks_by_node_with_the_earliest_deadline():
 
 @pytest.mark.timeout(10)
 def test_the_preemption_budget_is_its_own():
-    from elastic_train.supervisor.notices import Notices
+    from elastic_train.supervisor.preemption.notices import Notices
 
     unlimited, one = Notices(-1), Notices(1)
     assert not any(unlimited.preempted() for _ in range(5))

@@ -1,4 +1,4 @@
-"""GenerationProcessGroup on real gloo ranks: one process per rank (the default group is per process),
+"""GenerationGroup on real gloo ranks: one process per rank (the default group is per process),
 real TCPStores, no Ray. What abort() may touch, which generation it acts on, and how fast it acts.
 
 Each scenario runs in every rank's process and returns what that rank saw; the test asserts on it.
@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elastic_train.protocol import Assignment
-from elastic_train.worker.nccl_env import HOSTID_PER_PROCESS, apply_nccl_env, nccl_env
-from elastic_train.worker.process_group import GenerationProcessGroup, _parse_gloo_rank
+from elastic_train.worker.group.generation import GenerationGroup, _parse_gloo_rank
+from elastic_train.worker.group.nccl_env import HOSTID_PER_PROCESS, apply_nccl_env, nccl_env
 
 TIMEOUT_S = 30.0  # rendezvous and collective timeout of the groups: a hang fails the scenario, not CI
 DESTROY_TIMEOUT_S = 1.0
@@ -41,8 +41,8 @@ def _assignment(generation: int, rank: int, world: int, port: int) -> Assignment
                       node_rank=0, master_addr="127.0.0.1", master_port=port, resume=None, peers={})
 
 
-def _group() -> GenerationProcessGroup:
-    return GenerationProcessGroup("gloo", TIMEOUT_S, TIMEOUT_S, destroy_timeout_s=DESTROY_TIMEOUT_S)
+def _group() -> GenerationGroup:
+    return GenerationGroup("gloo", TIMEOUT_S, TIMEOUT_S, destroy_timeout_s=DESTROY_TIMEOUT_S)
 
 
 def _gloo_record_of_rank_0(port: int, control: dist.TCPStore, generation: int = 0) -> dist.Store:
@@ -56,7 +56,7 @@ def _gloo_record_of_rank_0(port: int, control: dist.TCPStore, generation: int = 
 
 
 def _join_by_hand(generation: int, rank: int, world: int, port: int, control: dist.TCPStore, after: str) -> None:
-    """Join as GenerationProcessGroup.join does, but enter init_process_group only once `after` is set:
+    """Join as GenerationGroup.join does, but enter init_process_group only once `after` is set:
     rank 0's store is up by then, and its group is forming, waiting for this rank."""
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
     control.set(f"store_up/{generation}", "1")
@@ -189,7 +189,7 @@ def _stuck_collective_scenario(rank: int, world: int, ports: list[int], control:
     return result
 
 
-def _next_generation_alone(group: GenerationProcessGroup, generation: int, port: int) -> float:
+def _next_generation_alone(group: GenerationGroup, generation: int, port: int) -> float:
     """Join `generation` as the only rank; the sum of an all-reduce of one."""
     group.join(_assignment(generation, 0, 1, port))
     x = torch.ones(1)
@@ -198,7 +198,7 @@ def _next_generation_alone(group: GenerationProcessGroup, generation: int, port:
     return x.item()
 
 
-def _join_aborted_once(group: GenerationProcessGroup, assignment: Assignment, ready: Callable[[], None],
+def _join_aborted_once(group: GenerationGroup, assignment: Assignment, ready: Callable[[], None],
                        next_port: int) -> dict[str, Any]:
     """Join `assignment` while another thread aborts its generation once `ready()` returns: whether the
     abort acted, what the join raised, how long after the abort the join ended; then whether the next

@@ -1,6 +1,6 @@
 """A survivor's process across generations: what torch keeps of the previous world is reset
-(worker/process_state.py). Ranks are spawned processes that join three generations through
-`GenerationProcessGroup`, as workers do, the last two renumbering them (rank 1 <-> 2)."""
+(worker/group/process_state.py). Ranks are spawned processes that join three generations through
+`GenerationGroup`, as workers do, the last two renumbering them (rank 1 <-> 2)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from elastic_train.protocol import Assignment
-from elastic_train.worker.process_group import GenerationProcessGroup
-from elastic_train.worker.process_state import reset_for_generation
+from elastic_train.worker.group.generation import GenerationGroup
+from elastic_train.worker.group.process_state import reset_for_generation
 from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 60.0
@@ -59,7 +59,7 @@ def _place_compiled(x: torch.Tensor) -> torch.Tensor:
     return x * dist.get_rank() + dist.get_world_size()
 
 
-def _join(group: GenerationProcessGroup, generation: int, rank: int, port: int) -> None:
+def _join(group: GenerationGroup, generation: int, rank: int, port: int) -> None:
     group.join(Assignment(generation, rank, WORLD, rank, WORLD, 0, "127.0.0.1", port, None, {}))
 
 
@@ -67,7 +67,7 @@ def _rank_main(first: int, port: int, ports: tuple[int, int], folder: str, conn:
     """Generation 0 trains and saves; generation 1 renumbers the ranks without the reset (what torch
     hands the renumbered ones is recorded); generation 2 renumbers them alike, with the reset."""
     try:
-        group = GenerationProcessGroup("gloo", TIMEOUT_S, TIMEOUT_S, TIMEOUT_S)
+        group = GenerationGroup("gloo", TIMEOUT_S, TIMEOUT_S, TIMEOUT_S)
         _join(group, 0, first, port)
         model, optimizer = _model(WORLD)
         for step in (1, 2):
@@ -122,7 +122,7 @@ def test_a_renumbered_survivor_builds_its_fsdp2_shards_and_compiled_code_for_its
     assert not errors, "\n".join(errors)
     for r in results:
         # Without the reset, torch hands a renumbered rank its old coordinate (if a newer torch no longer
-        # does, its caches do not go stale: process_state.py may say so).
+        # does, its caches do not go stale: worker/group/process_state.py may say so).
         assert r["stale"] == (r["first"],), r
         assert r["coordinate"] == (r["rank"],), r  # FSDP2's parameters are on the new generation's mesh
         assert r["after"] == r["before"], r  # the DCP checkpoint loaded into the new rank's rows

@@ -41,13 +41,13 @@ from chaos.storage_proxy import FaultyStorageProxy, StorageFaults
 from elastic_train.checkpoint import list_checkpoints
 from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.protocol import Assignment, PreemptionInfo
-from elastic_train.torch import TorchConfig, TorchTrainer
 from elastic_train.driver.launch import attach
-from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
+from elastic_train.protocol import Assignment, PreemptionInfo
 from elastic_train.run_spec import RunInfo
-from elastic_train.worker.context import StorageContext, TrainContext
-from elastic_train.worker.persister import PartUpload, Persister
+from elastic_train.torch import TorchConfig, TorchTrainer
+from elastic_train.unsupported import TORCH_NAMES, TRAIN_NAMES, UnsupportedAPIError
+from elastic_train.worker.loop.context import StorageContext, TrainContext
+from elastic_train.worker.store.queue import PartToStore, StoreQueue
 from tests.conftest import ROOT, ray_runtime_env, stop_ray
 from tests.helpers import supervisor_alive, make_trainer, wait_for
 from tests.loops import large_shard_loop, log_progress, read_progress
@@ -752,7 +752,7 @@ def epochs_loop(config):
 def test_every_reported_checkpoint_is_kept_and_sync_returns_once_committed(local_ray, run_dirs):
     # A cadence that would store every 2nd checkpoint: a SYNC report is stored whatever the cadence.
     result = _run(run_dirs, epochs_loop, epochs=3, mode=CheckpointUploadMode.SYNC,
-                  checkpoint_config=train.CheckpointConfig(persist_every_n_reports=2))
+                  checkpoint_config=train.CheckpointConfig(store_every_n_reports=2))
     # Ray's contract: every reported checkpoint is kept (num_to_keep unset), in order.
     assert [m["epoch"] for _, m in result.best_checkpoints] == [0, 1, 2]
     assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["epoch_0", "epoch_1", "epoch_2"]
@@ -868,24 +868,24 @@ def test_a_report_waits_for_room_when_storage_falls_behind_and_drops_nothing():
     waits until the upload thread takes one: memory stays bounded."""
     gate, stored = threading.Event(), []
 
-    def upload(part: PartUpload) -> None:
+    def upload(part: PartToStore) -> None:
         assert gate.wait(10)
         stored.append(part.index)
 
-    persister = Persister(upload, lambda p, e: None, lambda p, e: None, max_queued=2)
+    queue = StoreQueue(upload, lambda p, e: None, lambda p, e: None, max_queued=2)
     for index in (1, 2, 3):  # 1 is being uploaded, 2 and 3 wait
-        assert persister.submit(PartUpload(0, index, {"a": b"x"}, replaceable=False)) < 1.0
+        assert queue.submit(PartToStore(0, index, {"a": b"x"}, replaceable=False)) < 1.0
     waited: list[float] = []
     submitter = threading.Thread(target=lambda: waited.append(
-        persister.submit(PartUpload(0, 4, {"a": b"x"}, replaceable=False))))
+        queue.submit(PartToStore(0, 4, {"a": b"x"}, replaceable=False))))
     submitter.start()
     submitter.join(0.3)
     assert submitter.is_alive(), "the 4th part did not wait for room"
     gate.set()
     submitter.join(10)
     assert waited and waited[0] >= 0.3
-    assert persister.flush(10) and stored == [1, 2, 3, 4]
-    persister.close(1)
+    assert queue.flush(10) and stored == [1, 2, 3, 4]
+    queue.close(1)
 
 
 def upload_fn_loop(config):
@@ -988,8 +988,8 @@ def test_reporting_the_runs_own_folder_as_a_checkpoint_fails_clearly(local_ray, 
 def test_a_return_value_that_cannot_travel_fails_clearly_and_one_that_cannot_load_is_none(caplog):
     import threading as _threading
 
-    from elastic_train.protocol import Outcome
     from elastic_train.driver.outcome import returned
+    from elastic_train.protocol import Outcome
 
     with pytest.raises(TypeError, match=r"returned a lock, which cannot be pickled: return a picklable value"):
         Outcome.finished(0, _threading.Lock())

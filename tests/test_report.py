@@ -1,4 +1,4 @@
-"""`report()` without a checkpoint waits for the ranks, not for the supervisor (worker/report_barrier.py)."""
+"""`report()` without a checkpoint waits for the ranks, not for the supervisor (worker/report/barrier.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 import pytest
 import ray
 
-from elastic_train.protocol import Report
 from elastic_train.driver.launch import attach
-from elastic_train.worker.report_sender import ReportSender
+from elastic_train.protocol import Report
+from elastic_train.worker.report.sender import ReportSender
 from tests.helpers import fit_in_background, make_trainer, wait_for
 from tests.loops import read_progress
 
@@ -98,7 +98,7 @@ def test_a_batch_the_supervisor_cannot_take_is_dropped_and_later_reports_still_g
 
 @pytest.mark.timeout(30)
 def test_an_urgent_report_is_sent_at_once_with_those_before_it():
-    """A report a peer's round trip waits for (report_barrier.py: sent as its barrier passes) does not
+    """A report a peer's round trip waits for (worker/report/barrier.py: sent as its barrier passes) does not
     wait out the batching interval, and the reports queued before it travel with it, in order."""
     received: list[list[int]] = []
     sender = ReportSender(lambda batch: received.append([r.index for r in batch]), interval_s=60)

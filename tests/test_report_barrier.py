@@ -1,4 +1,4 @@
-"""report()'s barrier (worker/report_barrier.py): which reports may leave before it passes, and the
+"""report()'s barrier (worker/report/barrier.py): which reports may leave before it passes, and the
 all-reduce itself on real gloo ranks (one process each): issued without waiting, read when the
 next report waits for it or by a callback as it completes, failing when a peer is gone."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from elastic_train.worker.report_barrier import Agreed, all_wait, goes_on, issue
+from elastic_train.worker.report.barrier import Agreed, all_wait, goes_on, issue
 from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 20.0
@@ -91,7 +91,7 @@ def test_a_report_that_goes_on_learns_a_peers_checkpoint_as_its_barrier_passes()
     going_on, waiting = _run("passed")
     assert "error" not in going_on and "error" not in waiting, (going_on, waiting)
     expected = Agreed(checkpoint=True, unwind=False, every_part=False, store_live=False, some_part=True,
-                      part_ranks=(1,), sends=(0, 0))  # neither sends its buddy a part (part_exchange.py)
+                      part_ranks=(1,), sends=(0, 0))  # neither sends its buddy a part (worker/report/part_exchange.py)
     assert going_on["passed"] == [expected] and going_on["result"] == expected
     assert waiting["result"] == expected and expected.round_trip and expected.notable
 

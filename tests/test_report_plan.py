@@ -1,4 +1,4 @@
-"""What one report() does (worker/report_plan.py), over the combinations the Ray tests sample: what it
+"""What one report() does (worker/report/plan.py), over the combinations the Ray tests sample: what it
 carries, whether the supervisor decides on it, whether it goes on before its barrier, whether it is
 sent in a batch or answered, whether it waits for its commit (no Ray, no process group here)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_train.checkpoint.modes import CheckpointUploadMode
-from elastic_train.worker.report_barrier import Agreed
-from elastic_train.worker.report_plan import Carries, ReportPlan, after_barrier, plan_report
+from elastic_train.worker.report.barrier import Agreed
+from elastic_train.worker.report.plan import Carries, ReportPlan, after_barrier, plan_report
 
 ASYNC, SYNC, NO_UPLOAD = CheckpointUploadMode.ASYNC, CheckpointUploadMode.SYNC, CheckpointUploadMode.NO_UPLOAD
 PLAIN = Agreed(checkpoint=False, unwind=False, every_part=False, store_live=False)
@@ -153,7 +153,7 @@ def test_an_unwind_is_acted_on_when_every_rank_waited(previous, pipelined, leavi
     (dict(), True, False),
 ])
 def test_newcomers_join_at_a_report_that_carries_what_they_start_from(agreed, kept, leaves_here):
-    from elastic_train.worker.report_plan import leaves
+    from elastic_train.worker.report.plan import leaves
 
     flags = dict(checkpoint=False, unwind=False, every_part=False, store_live=False) | agreed
     assert leaves(Agreed(**flags), kept=kept) is leaves_here

@@ -43,6 +43,6 @@ def test_seed_002_device_model_loader_and_best_checkpoints(local_ray, run_dirs):
     assert result.checkpoint.to_dict()["epoch"] == 5
     assert sorted(os.listdir(os.path.join(result.path))) == [
         "checkpoint_000002_g0000", "checkpoint_000004_g0000", "checkpoint_000006_g0000",
-        "events.jsonl",  # the supervisor's event log (run_folder/events.py)
+        "events.jsonl",  # the supervisor's event log (run_folder/event_log.py)
         "metrics.json", "run.json", "trainer.pkl",  # the run record (run_folder/record.py)
     ]

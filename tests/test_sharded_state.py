@@ -1,4 +1,4 @@
-"""A sharded model's kept state (worker/sharded_state.py) and `prepare_model`'s FSDP keywords
+"""A sharded model's kept state (worker/hold/sharded_state.py) and `prepare_model`'s FSDP keywords
 (torch/fsdp.py), on real gloo ranks, one process each, no Ray: a transformer block stack sharded with
 FSDP2 at 3 ranks, with AdamW and an LR scheduler, re-sharded from its ranks' shares to 2, 1 and 4
 ranks equals the state it was, bit for bit; each new rank reads only the shares that hold its rows.
@@ -21,13 +21,13 @@ from torch.distributed.tensor import DTensor
 
 from elastic_train.checkpoint.checkpoint import share_file
 from elastic_train.protocol import HeldCheckpoint
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
 from elastic_train.torch.fsdp import fsdp_arguments, shard
-from elastic_train.worker.holdings import Holdings
-from elastic_train.worker.live_part import LivePart
-from elastic_train.worker.memory import CheckpointMemory
-from elastic_train.worker.share_copies import ShareCadence
-from elastic_train.worker.sharded_state import is_sharded, local_copy, needed, reshard
+from elastic_train.worker.hold.holdings import Holdings
+from elastic_train.worker.hold.live_part import LivePart
+from elastic_train.worker.hold.parts import HeldParts
+from elastic_train.worker.hold.sharded_state import is_sharded, local_copy, needed, reshard
+from elastic_train.worker.report.share_copies import ShareCadence
 from tests.test_process_group import TIMEOUT_S, _run
 
 SHARES = "ELASTIC_TRAIN_TEST_SHARES"  # where the 3-rank run's shares are, for the re-sharding ranks
@@ -211,7 +211,7 @@ def test_a_share_is_copied_when_its_cost_fits_the_budget_and_its_last_copy_reach
 def test_a_resumed_generation_drops_the_later_reports_it_redoes():
     """Held: reports 10 and 11 of generation 1; the next generation resumes from 10 (11 was not whole).
     11 is dropped, so the new generation's first copy pushes out nothing it may still resume from."""
-    memory = CheckpointMemory(keep=2)
+    memory = HeldParts(keep=2)
     for index in (10, 11):
         memory.put(HeldCheckpoint(index, 1, 0, [share_file(0)], []), {share_file(0): b"share"})
     memory.forget_after(1, 10)

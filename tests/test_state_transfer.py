@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic_train.worker.state_transfer import share
+from elastic_train.worker.hold.state_transfer import share
 from tests.helpers import run_gloo_ranks
 
 TIMEOUT_S = 30.0

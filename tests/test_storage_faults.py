@@ -79,11 +79,11 @@ def test_slow_storage_stores_every_checkpoint_and_reports_wait_for_room(local_ra
 
 @pytest.mark.timeout(240)
 def test_slow_storage_under_a_cadence_delays_persistence_not_training(local_ray, run_dirs, s3_bucket, proxy):
-    """A cadence (`persist_every_n_reports`) opts out of storing every checkpoint: then reports never
+    """A cadence (`store_every_n_reports`) opts out of storing every checkpoint: then reports never
     wait for uploads, and a chosen checkpoint still waiting is replaced by a newer one."""
     proxy.set_faults(StorageFaults(latency_s=1.0, methods=UPLOADS))
     result = _trainer(run_dirs, s3_bucket, proxy, steps=30, step_time=0.05,
-                      checkpoint_config=et.CheckpointConfig(persist_every_n_reports=1)).fit()
+                      checkpoint_config=et.CheckpointConfig(store_every_n_reports=1)).fit()
     assert [h["step"] for h in result.metrics_history] == list(range(1, 31))
     committed = _whole_checkpoints(result, s3_bucket)
     # Reports did not wait for uploads: while one checkpoint was on its way, newer ones lived in

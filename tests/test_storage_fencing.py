@@ -1,9 +1,9 @@
 """Storage writes are fenced by generation: each generation's attempt at a checkpoint has a folder of
-its own, so a stale writer (a fenced worker, a persister still busy after its generation ended) can
+its own, so a stale writer (a fenced worker, a store queue still busy after its generation ended) can
 never change a checkpoint another generation commits; a commit checks the stored sizes against what
 the writers reported; a folder whose commit is under way is never swept, and one that a live rank
-still uploads into is not removed by retention. Storage, persister and ledger are tested without
-Ray; the commit path (supervisor/commits.py) without the supervisor actor; shutdown on real Ray."""
+still uploads into is not removed by retention. Storage, store queue and ledger are tested without
+Ray; the commit path (supervisor/checkpoints/commits.py) without the supervisor actor; shutdown on real Ray."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from elastic_train.checkpoint.manifest import MANIFEST, Manifest, file_facts
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import CommitRefused, RunStorage
 from elastic_train.protocol import Assignment, ResumePlan
-from elastic_train.supervisor.commits import Commits
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.checkpoints.commits import Commits
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
 from elastic_train.supervisor.tasks import Tasks
-from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.worker.persister import PartObsolete, PartUpload, Persister, obsolete
+from elastic_train.supervisor.watch.telemetry import Telemetry
+from elastic_train.worker.store.queue import PartObsolete, PartToStore, StoreQueue, obsolete
 from tests.loops import sharded_directory_loop
 
 WAIT_S = 10.0  # how long a test waits for a thread it started to reach a point
@@ -170,7 +170,7 @@ def test_a_local_write_into_a_folder_removed_meanwhile_recreates_it_instead_of_f
     assert sorted(os.listdir(storage.folder(Attempt(7, 0)))) == ["a.bin", MANIFEST]  # no scratch file left
 
 
-# -- the worker's persister -------------------------------------------------------------------------
+# -- the worker's store queue -------------------------------------------------------------------------
 def _assignment(generation: int, resumed_at: int | None) -> Assignment:
     return Assignment(generation=generation, rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                       master_addr="127.0.0.1", master_port=0,
@@ -182,10 +182,10 @@ def test_the_persister_drops_parts_that_a_newer_generation_reports_again_before_
     place = [_assignment(0, None)]
     first_started, go_on = threading.Event(), threading.Event()
     uploaded: list[tuple[int, int]] = []
-    given_up: list[PartUpload] = []
-    failed: list[PartUpload] = []
+    given_up: list[PartToStore] = []
+    failed: list[PartToStore] = []
 
-    def upload(part: PartUpload) -> None:  # as TrainWorker._upload does
+    def upload(part: PartToStore) -> None:  # as TrainWorker._upload does
         if (part.generation, part.index) == (0, 3):
             first_started.set()
             assert go_on.wait(WAIT_S)
@@ -193,23 +193,23 @@ def test_the_persister_drops_parts_that_a_newer_generation_reports_again_before_
             raise PartObsolete("reported again by a newer generation")
         uploaded.append((part.generation, part.index))
 
-    persister = Persister(upload, lambda p, e: given_up.append(p), lambda p, e: failed.append(p),
-                          max_queued=8)
-    persister.submit(PartUpload(0, 3, {"a": b"3"}, replaceable=False))
+    queue = StoreQueue(upload, lambda p, e: given_up.append(p), lambda p, e: failed.append(p),
+                       max_queued=8)
+    queue.submit(PartToStore(0, 3, {"a": b"3"}, replaceable=False))
     assert first_started.wait(WAIT_S)
     for index in (4, 5):  # queued behind the upload of 3 (checkpoints kept by score: all of them)
-        persister.submit(PartUpload(0, index, {"a": b"x"}, replaceable=False))
+        queue.submit(PartToStore(0, index, {"a": b"x"}, replaceable=False))
     place[0] = _assignment(1, resumed_at=4)  # generation 1 resumes at 4 and reports 5 again
-    persister.submit(PartUpload(1, 5, {"a": b"5"}, replaceable=False))
-    persister.submit(PartUpload(0, 6, {"a": b"6"}, replaceable=False, final=True))  # a failed run's Stop.flush
+    queue.submit(PartToStore(1, 5, {"a": b"5"}, replaceable=False))
+    queue.submit(PartToStore(0, 6, {"a": b"6"}, replaceable=False, final=True))  # a failed run's Stop.flush
     go_on.set()
-    assert persister.flush(WAIT_S)
-    persister.close(WAIT_S)
+    assert queue.flush(WAIT_S)
+    queue.close(WAIT_S)
     # 4 may still commit (the supervisor kept it: 4 <= the resume index); 5 of generation 0 never can.
     assert uploaded == [(0, 3), (0, 4), (1, 5), (0, 6)]
     assert given_up == [] and failed == []
-    assert not obsolete(PartUpload(2, 9, {}), _assignment(2, resumed_at=0))  # the current generation's own
-    assert obsolete(PartUpload(1, 1, {}), _assignment(2, resumed_at=None))  # the newer one started afresh
+    assert not obsolete(PartToStore(2, 9, {}), _assignment(2, resumed_at=0))  # the current generation's own
+    assert obsolete(PartToStore(1, 1, {}), _assignment(2, resumed_at=None))  # the newer one started afresh
 
 
 # -- the supervisor's ledger and commits --------------------------------------------------------------
@@ -266,7 +266,7 @@ class _Commits(Commits):
 
 
 async def _store(commits: _Commits, worker_id: int, generation: int, index: int, files: dict[str, bytes]) -> None:
-    """What a worker's persister does with its part: write it, tell the supervisor, wait for any commit."""
+    """What a worker's store queue does with its part: write it, tell the supervisor, wait for any commit."""
     facts = commits._storage.write_part(index, files, generation=generation)
     commits.part_stored(worker_id, generation, index, facts)
     await commits.tasks.wait(time.monotonic() + 20)

@@ -319,7 +319,7 @@ def rank_0_saves_loop(config):
 def test_rank_0_checkpoints_every_third_step_and_rank_1_is_killed_between(local_ray, run_dirs, scaling, safe_wait):
     """Ray Train's usual pattern with sparse checkpoints: rank 0 saves a folder every 3rd step, the
     other reports carry metrics (those report() calls leave before their barrier passes, the ones
-    with a checkpoint wait: report_barrier.py). Rank 1 is SIGKILLed as step 8 starts: the run goes on
+    with a checkpoint wait: worker/report/barrier.py). Rank 1 is SIGKILLed as step 8 starts: the run goes on
     from step 6's checkpoint in memory, redoes step 7 alone, and every checkpoint is committed. Rank
     1's reports died in its batch: rank 0's say rank 0 alone held a part (`part_ranks`), so step 6's
     checkpoint is whole without them; also where reports are never sent at once (`part_safe_wait_s=0`)."""
@@ -474,7 +474,7 @@ def test_shrinking_to_one_worker_keeps_model_module(local_ray, run_dirs):
 # == 5. A preemption notice during the last step ===================================================
 @pytest.mark.timeout(180)
 def test_preemption_notice_during_the_last_step_still_stores_the_last_checkpoint(local_ray, run_dirs):
-    """The same program, storing every 4th checkpoint (`persist_every_n_reports=4`); rank 1 gets a
+    """The same program, storing every 4th checkpoint (`store_every_n_reports=4`); rank 1 gets a
     preemption notice (SIGTERM) as the last step (18) begins. The group unwinds after that last
     report and re-forms without rank 1, with nothing left to run: the last checkpoint, which the
     cadence did not store, must still be stored before fit() returns, as it is in a run without the
@@ -486,7 +486,7 @@ def test_preemption_notice_during_the_last_step_still_stores_the_last_checkpoint
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=(1, 2)),
         run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
-                             checkpoint_config=CheckpointConfig(persist_every_n_reports=4)),
+                             checkpoint_config=CheckpointConfig(store_every_n_reports=4)),
     )
     result = fit_in_background(trainer)(150)
     timeline = assert_finished(result)
@@ -517,7 +517,7 @@ def test_growing_back_at_the_last_report_still_stores_the_last_checkpoint(local_
                            "log_dir": run_dirs["log_dir"]},
         scaling_config=ScalingConfig(num_workers=(1, 2)),
         run_config=RunConfig(name="run", storage_path=run_dirs["storage"],
-                             checkpoint_config=CheckpointConfig(persist_every_n_reports=4)),
+                             checkpoint_config=CheckpointConfig(store_every_n_reports=4)),
     )
     result = fit_in_background(trainer)(150)
     timeline = assert_finished(result)

@@ -6,6 +6,7 @@ import pytest
 import ray
 
 import elastic_train as et
+from elastic_train.driver.arguments import as_config
 
 
 def loop(config):
@@ -51,6 +52,25 @@ def test_bad_input_is_rejected_before_any_actor_starts(no_ray, make, message):
     with pytest.raises(et.ConfigError, match=message):
         make()
     assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cls, old, new, value", [
+    (et.CheckpointConfig, "persist_every_n_reports", "store_every_n_reports", 3),
+    (et.CheckpointConfig, "persist_interval_s", "store_interval_s", 9.0),
+    (et.ElasticConfig, "persist_flush_timeout_s", "store_flush_timeout_s", 60.0),
+])
+@pytest.mark.parametrize("given_as", ["object", "dict"])
+def test_a_renamed_field_keeps_its_meaning_with_a_deprecation_warning(no_ray, cls, old, new, value, given_as):
+    """A config written before a field was renamed (one word per concept: "store") means what it
+    meant, as an object or as the trainer's dict of options; the warning names the new name, and
+    both names at once are refused."""
+    make = (lambda **kw: cls(**kw)) if given_as == "object" else (lambda **kw: as_config(cls, kw, "config"))
+    with pytest.warns(DeprecationWarning, match=rf"{old}=\.\.\.\) is now {cls.__name__}\({new}="):
+        config = make(**{old: value})
+    assert getattr(config, new) == value
+    with pytest.raises(et.ConfigError, match=f"pass {new} alone"):
+        make(**{old: value, new: value})
 
 
 @pytest.mark.timeout(60)

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elastic_train.worker.process_group import GenerationProcessGroup
-from elastic_train.worker.world_group import WorldGroup, collectives_made, follow, generation_group, world_group
+from elastic_train.worker.group.generation import GenerationGroup
+from elastic_train.worker.group.world import WorldGroup, collectives_made, follow, generation_group, world_group
 from tests.test_process_group import TIMEOUT_S, _assignment, _run
 
 
@@ -38,7 +38,7 @@ def _survivors_scenario(rank: int, world: int, ports: list[int], control: dist.T
     """4 ranks. Rank 3 exits before the loop's second all-reduce: ranks 0-2 go on at 3 and make it
     again there. Rank 2 then exits and the generation ends before a collective inside backward, and
     before an all-gather: neither goes on in place."""
-    group = GenerationProcessGroup("gloo", TIMEOUT_S, TIMEOUT_S, 1.0, in_place=True)
+    group = GenerationGroup("gloo", TIMEOUT_S, TIMEOUT_S, 1.0, in_place=True)
     group.join(_assignment(0, rank, world, ports[0]))
     first_default = world_group()
     went_on: list[str] = []

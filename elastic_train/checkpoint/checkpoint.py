@@ -30,7 +30,7 @@ DICT_FILE = "dict_checkpoint.pt"
 METADATA_FILE = ".metadata.json"  # Checkpoint.set_metadata's file, as in Ray Train
 STATE_FILE = "live_state.pt"  # the state `prepare_model(model, live_state=True)` keeps: for recovery only, never stored
 DICT_PART_NAMES = {DICT_FILE, METADATA_FILE, STATE_FILE}  # a dict part's files: one rank's part is all of it
-_SHARE_FILE = re.compile(r"live_state\.(\d+)\.pt")  # a sharded model's kept state: each rank's share (sharded_state.py)
+_SHARE_FILE = re.compile(r"live_state\.(\d+)\.pt")  # a sharded model's kept state: each rank's share (worker/hold/sharded_state.py)
 
 
 def share_file(rank: int) -> str:

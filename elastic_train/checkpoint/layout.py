@@ -3,7 +3,7 @@
 Layout: `<storage_path>/<name>/checkpoint_<index>_g<generation>/<files, as the user named them>`
 plus the manifest (`manifest.py`), written last. A folder holds one generation's attempt at a
 checkpoint (`Attempt`): after a failure the next generation reports the same indices again, while a
-worker of the older one (fenced, or its persister still busy) may still be writing; with a folder
+worker of the older one (fenced, or its store queue still busy) may still be writing; with a folder
 per attempt, such a stale writer can never touch files of a checkpoint another generation commits.
 
 A report may name its folder instead (`report(checkpoint_dir_name=...)`, as in Ray Train, or a

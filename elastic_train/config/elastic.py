@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from elastic_train.config.renamed import renamed
 from elastic_train.errors import ConfigError
 
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
@@ -18,6 +19,7 @@ def _check_positive(owner: str, name: str, value: float) -> None:
         raise ConfigError(f"{owner}.{name} must be a positive number of seconds, got {value!r}.")
 
 
+@renamed({"persist_flush_timeout_s": "store_flush_timeout_s"})
 @dataclass(frozen=True)
 class ElasticConfig:
     """Timeouts and intervals of the elastic runtime. Defaults suit a LAN cluster."""
@@ -35,7 +37,7 @@ class ElasticConfig:
     blocked, or the supervisor was restarted on another port: the call's reply names the new one)."""
     report_interval_s: float = 0.25
     """A `report()` at which no rank reported a checkpoint does not wait for the supervisor: each
-    worker sends such reports in one call per this interval (`worker/report_sender.py`). It is how
+    worker sends such reports in one call per this interval (`worker/report/sender.py`). It is how
     late the supervisor (progress, callbacks, metrics) may learn of them."""
     min_workers_timeout_s: float = 60.0
     """How long the run waits below `min` workers for capacity before it fails."""
@@ -65,7 +67,7 @@ class ElasticConfig:
     collective in the loop still fails after `collective_timeout_s`)."""
     straggler_factor: float = 2.0
     """A rank whose step time (its loop's time between reports, outside `report()`) exceeds this many
-    times the median of its peers' ... (`supervisor/pace.py`)."""
+    times the median of its peers' ... (`supervisor/watch/pace.py`)."""
     straggler_min_excess_s: float = 0.05
     """... and that median by at least this much ..."""
     straggler_reports: int = 5
@@ -78,7 +80,7 @@ class ElasticConfig:
     """The supervisor's state machine re-checks timers at least this often."""
     recover_in_place: bool = True
     """A peer lost during a step's gradient reduction does not unwind the loop: the survivors complete
-    the step among themselves and the loop goes on where it was (`torch/reduction.py`), on gloo, in a
+    the step among themselves and the loop goes on where it was (`worker/group/reduction.py`), on gloo, in a
     loop that draws its data from `prepare_data_loader` and wraps its model with `prepare_model`.
     `get_context()` then answers the new rank and world size: a loop that uses a rank or world size it
     read before its loop (to scale its loss, to pick the rank that saves) needs False, which re-enters
@@ -87,30 +89,30 @@ class ElasticConfig:
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
     sharded_state_budget: float = 0.05
     """The share of the loop's time that keeping a sharded model's state (FSDP2 with `live_state=True`:
-    `worker/sharded_state.py`) may take. A report copies each rank's share, and sends it to the buddy,
+    `worker/hold/sharded_state.py`) may take. A report copies each rank's share, and sends it to the buddy,
     once the time since the last copy is at least that copy's cost over this fraction (1.0: at every
     report); a lost worker's recovery redoes the steps since the last copy."""
     replicate_checkpoints: bool = True
-    """Each reported part is also kept in the memory of the next rank (`worker/replicator.py`), so losing
+    """Each reported part is also kept in the memory of the next rank (`worker/hold/replicator.py`), so losing
     one worker loses no in-memory checkpoint; it doubles the memory checkpoints take."""
     part_safe_wait_s: float = 0.05
     """A report of a folder's files that the ranks store themselves (no cadence: every checkpoint is
     stored), whose part did not go to the buddy inside the report (over 1 MB, an NCCL group, no
-    buddy: worker/part_exchange.py), returns once that part is safe beyond its process, copied to
+    buddy: worker/report/part_exchange.py), returns once that part is safe beyond its process, copied to
     the buddy or stored, whichever comes first, or after this long: a worker lost right after its
     report then loses none of it, and at most one step is redone. A part that takes longer goes on
     in the background. 0 does not wait: a worker lost within the few milliseconds it takes may lose
     that report's part (one more step redone)."""
     snapshot_memory_retain_mb: int | None = 512
     """Freed heap memory a worker keeps for its next checkpoint snapshots (glibc only; see
-    `worker/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""
+    `worker/hold/allocator.py`): snapshots then skip faulting in fresh pages. None keeps glibc's defaults."""
     storage_retry_initial_s: float = 0.2
     """First backoff after a transient storage error; it doubles (with jitter) per retry."""
     storage_retry_max_s: float = 10.0
     """Longest backoff between two retries of a storage operation."""
     storage_retry_deadline_s: float = 120.0
     """How long one storage operation is retried; then that checkpoint is given up (training goes on)."""
-    persist_flush_timeout_s: float = 600.0
+    store_flush_timeout_s: float = 600.0
     """How long a finishing worker waits for its last checkpoint to reach storage."""
     max_queued_uploads: int = 2
     """Reported checkpoint parts a worker keeps waiting for their upload. When storage falls behind the
@@ -134,10 +136,10 @@ class ElasticConfig:
     preemption notice for the workers on it."""
     event_log_interval_s: float = 1.0
     """How often the supervisor writes the events recorded since to the run's `events.jsonl`
-    (`run_folder/events.py`): the delay before an event can be read from storage."""
+    (`run_folder/event_log.py`): the delay before an event can be read from storage."""
     metrics_interval_s: float = 5.0
     """How often the supervisor samples the metrics that change between events (heartbeat ages,
-    goodput, the step rate) for Prometheus (`supervisor/metrics.py`); Ray's agent exports every 10 s."""
+    goodput, the step rate) for Prometheus (`supervisor/watch/metrics.py`); Ray's agent exports every 10 s."""
     verbosity: int = 1
     """What `fit()` shows as the run goes (`progress.py`): 0 nothing, 1 a live status line and the
     events that change the run, 2 also every report and every event. (Ray Train deprecated its

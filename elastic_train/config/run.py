@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from elastic_train.config.elastic import ElasticConfig
 from elastic_train.config.ray_only import ray_only
+from elastic_train.config.renamed import renamed
 from elastic_train.errors import ConfigError
 
 
@@ -43,35 +44,36 @@ class FailureConfig:
                 raise ConfigError(f"FailureConfig.{name}={value!r}: use an integer >= 0, or -1 for no limit.")
 
 
+@renamed({"persist_every_n_reports": "store_every_n_reports", "persist_interval_s": "store_interval_s"})
 @ray_only({}, deprecated={
     "checkpoint_frequency": "report a checkpoint when you want one (store only every n-th with "
-                            "persist_every_n_reports=n)",
+                            "store_every_n_reports=n)",
     "checkpoint_at_end": "report a checkpoint at the end of the loop (the last one reported is always stored)",
 })
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Which persisted checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest.
+    """Which stored checkpoints to keep: the `num_to_keep` best by a reported metric, or the newest.
 
-    By default every reported checkpoint is persisted, in order, none skipped (Ray Train's contract).
-    Setting `persist_every_n_reports` or `persist_interval_s` opts into a cadence: the checkpoints
+    By default every reported checkpoint is stored, in order, none skipped (Ray Train's contract).
+    Setting `store_every_n_reports` or `store_interval_s` opts into a cadence: the checkpoints
     between are kept in workers' memory only, and one waiting for an upload may be replaced by a newer.
     """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
-    persist_every_n_reports: int | None = None
-    """Persist every Nth reported checkpoint to storage (the others live in workers' memory only)."""
-    persist_interval_s: float | None = None
-    """Persist a reported checkpoint when this long has passed since the last persisted one."""
+    store_every_n_reports: int | None = None
+    """Store every Nth reported checkpoint (the others live in workers' memory only)."""
+    store_interval_s: float | None = None
+    """Store a reported checkpoint when this long has passed since the last stored one."""
 
     def __post_init__(self) -> None:
-        n = self.persist_every_n_reports
+        n = self.store_every_n_reports
         if n is not None and (not isinstance(n, int) or n < 1):
-            raise ConfigError(f"CheckpointConfig.persist_every_n_reports={n!r}: use an integer >= 1, or None.")
-        if self.persist_interval_s is not None and not self.persist_interval_s > 0:
+            raise ConfigError(f"CheckpointConfig.store_every_n_reports={n!r}: use an integer >= 1, or None.")
+        if self.store_interval_s is not None and not self.store_interval_s > 0:
             raise ConfigError(
-                f"CheckpointConfig.persist_interval_s={self.persist_interval_s!r}: use a number of seconds > 0, or None."
+                f"CheckpointConfig.store_interval_s={self.store_interval_s!r}: use a number of seconds > 0, or None."
             )
         if self.num_to_keep is not None and (not isinstance(self.num_to_keep, int) or self.num_to_keep < 1):
             raise ConfigError(
@@ -85,7 +87,7 @@ class CheckpointConfig:
     @property
     def stores_every(self) -> bool:
         """No cadence was asked for: every reported checkpoint is stored (Ray Train's contract)."""
-        return self.persist_every_n_reports is None and self.persist_interval_s is None
+        return self.store_every_n_reports is None and self.store_interval_s is None
 
     @property
     def replaceable(self) -> bool:
@@ -93,15 +95,15 @@ class CheckpointConfig:
         unless checkpoints are kept by score (skipping one could lose the best)."""
         return not self.stores_every and self.checkpoint_score_attribute is None
 
-    def persist_due(self, reports_since: int, since_stored_s: float) -> bool:
+    def store_due(self, reports_since: int, since_stored_s: float) -> bool:
         """Is a reported checkpoint due to be stored, the `reports_since`-th since the last one stored,
         `since_stored_s` after it? Always, without a cadence. The supervisor asks for the checkpoints
-        it decides on (supervisor/cadence.py); the ranks ask for the live dict parts they hold
-        (worker/storing.py), which must be copied before the loop goes on, so they decide at the
+        it decides on (supervisor/checkpoints/cadence.py); the ranks ask for the live dict parts they hold
+        (worker/store/storing.py), which must be copied before the loop goes on, so they decide at the
         report's barrier and tell the supervisor."""
         if self.stores_every:
             return True
-        n, interval = self.persist_every_n_reports, self.persist_interval_s
+        n, interval = self.store_every_n_reports, self.store_interval_s
         return (n is not None and reports_since >= n) or (interval is not None and since_stored_s >= interval)
 
 

@@ -16,7 +16,7 @@ from elastic_train.errors import ConfigError
 def checked_options(cls: type, options: Mapping[str, Any]) -> Any:
     """Build `cls(**options)`, naming any unknown key and the keys that exist."""
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known - set(getattr(cls, "RENAMED_FIELDS", {})))
     if unknown:
         close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
         raise ConfigError(

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from elastic_train.config import FailureConfig, ScalingConfig
+from elastic_train.run_spec import WorkerSpec
 from elastic_train.supervisor.actor import Supervisor
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE
-from elastic_train.run_spec import WorkerSpec
 
 if TYPE_CHECKING:
     from elastic_train.ingest.config import DatasetSource

@@ -15,7 +15,7 @@ the environment set at once, and the reset from its next generation on.
 
 from elastic_train.huggingface._accelerate import export_accelerate_env, start_generation
 from elastic_train.huggingface.trainer import TransformersTrainer
-from elastic_train.worker.session import current_session, on_session_start
+from elastic_train.worker.loop.current import current_session, on_session_start
 
 on_session_start(start_generation)
 if current_session() is not None:  # imported by the running loop: its Accelerate state is this generation's own

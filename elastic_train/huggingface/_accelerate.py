@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
-from elastic_train.torch.model import get_device
-from elastic_train.worker.session import TrainSession
+from elastic_train.worker.group.devices import get_device
+from elastic_train.worker.loop.session import TrainSession
 
 
 def export_accelerate_env() -> None:

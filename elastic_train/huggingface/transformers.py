@@ -45,7 +45,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.errors import ConfigError
 from elastic_train.torch.data import ElasticBatchSampler
 from elastic_train.unsupported import unsupported_getattr
-from elastic_train.worker.session import get_session
+from elastic_train.worker.loop.current import get_session
 
 logger = logging.getLogger(__name__)
 

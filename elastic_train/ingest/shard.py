@@ -68,7 +68,7 @@ class ElasticDataIterator(DataIterator):
         self._fetcher: ThreadPoolExecutor | None = None
         self._ahead: tuple[StepPlan, Future[Drawn | None]] | None = None
 
-    # -- as the session drives a loader (worker/session.py StatefulLoader) -------------------------
+    # -- as the session drives a loader (worker/loop/session.py StatefulLoader) -------------------------
     def resume_from(self, state: dict[str, Any] | None) -> None:
         self._cursor.resume_from(state)
         self._resumable = [self._cursor.lowest_row()]  # the generation's own start, until two newer ones
@@ -109,7 +109,7 @@ class ElasticDataIterator(DataIterator):
     def iter_torch_batches(self, **kwargs: Any) -> Any:
         """Ray's, with `device="auto"` this worker's device (`elastic_train.torch.get_device()`)."""
         if kwargs.get("device", "auto") == "auto":
-            from elastic_train.torch.model import get_device
+            from elastic_train.worker.group.devices import get_device
 
             kwargs["device"] = get_device()
         return super().iter_torch_batches(**kwargs)

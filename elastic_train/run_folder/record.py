@@ -5,7 +5,7 @@ The driver writes it as the run goes, so that it survives the driver: the run's 
 `ElasticConfig.run_record_interval_s` and at the end; and, once at the start, `trainer.pkl`: the loop and the trainer's arguments, pickled with
 cloudpickle (as Ray does), so that `TorchTrainer.restore(path)` can go on without the loop. The
 checkpoint list is not recorded here: the committed checkpoints' manifests are the record of them;
-nor are the events: the supervisor writes them (`events.jsonl`, run_folder/events.py).
+nor are the events: the supervisor writes them (`events.jsonl`, run_folder/event_log.py).
 
 Reading: the JSON files are parsed as JSON. `trainer.pkl` is the only file ever unpickled, and only
 by `load_trainer`, which `TorchTrainer.restore` calls when it is not given the loop. Storage
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ray import cloudpickle
 
 from elastic_train.checkpoint.storage import RunStorage
-from elastic_train.protocol import ReportRecord
 from elastic_train.errors import ConfigError, StorageError
+from elastic_train.protocol import ReportRecord
 
 if TYPE_CHECKING:
     from elastic_train.run_folder.summary import RunSummary

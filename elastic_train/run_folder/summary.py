@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_train.checkpoint.layout import CommittedCheckpoint
-from elastic_train.protocol import PreemptionInfo
-from elastic_train.supervisor.state import RunState
+from elastic_train.protocol import PreemptionInfo, RunState
 
 
 @dataclass

@@ -4,7 +4,7 @@ Workers call it (heartbeat, report, park, ...), the driver long-polls its feed, 
 status. Each endpoint waits until a restarted supervisor has adopted the workers, finds the caller's
 record and hands the call to the part that owns it: the controller (controller.py, the only writer of
 the run's state), report intake (reports.py), heartbeats (heartbeats.py), preemption
-(preemption.py), commits (commits.py).
+(preemption/workers.py), commits (checkpoints/commits.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import ray
 
 from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, FailureConfig, ScalingConfig
-from elastic_train.events import CheckpointCopyCorrupt, PersistGivenUp, ReportWaitedForUpload, StorageFailed
+from elastic_train.events import CheckpointCopyCorrupt, StoreGivenUp, ReportWaitedForUpload, StorageFailed
 from elastic_train.protocol import Assignment, Feed, HeartbeatReply, Outcome, PartStored, Report, ReportReply, Stop
 from elastic_train.run_folder.summary import RunSummary
+from elastic_train.run_spec import WorkerSpec
 from elastic_train.supervisor.adoption import worker_prefix
 from elastic_train.supervisor.controller import Controller
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
-from elastic_train.run_spec import WorkerSpec
 
 
 class Supervisor:
@@ -89,7 +89,7 @@ class Supervisor:
         return await self._controller.reports.answer(w, report) if w is not None else ReportReply(accepted=False)
 
     async def reports(self, worker_id: int, batch: list[Report | PartStored]) -> None:
-        """Reports that need no answer, and parts stored, sent in batches, in order (worker/report_sender.py)."""
+        """Reports that need no answer, and parts stored, sent in batches, in order (worker/report/sender.py)."""
         w = await self._record(worker_id)
         for item in batch:
             if isinstance(item, PartStored):
@@ -138,7 +138,7 @@ class Supervisor:
 
     async def part_stored(self, worker_id: int, generation: int, index: int, facts: dict[str, Any],
                              upload_s: float | None = None) -> None:
-        """A worker stored its part of checkpoint `index` of `generation` (see commits.py), in
+        """A worker stored its part of checkpoint `index` of `generation` (see supervisor/checkpoints/commits.py), in
         `upload_s` (None: the loop stored it itself)."""
         self._part_stored(await self._record(worker_id), worker_id, generation, index, facts, upload_s)
 
@@ -150,7 +150,7 @@ class Supervisor:
 
     async def replica_held(self, worker_id: int, generation: int, index: int, names: list[str],
                            parked: bool = False, facts: dict[str, dict[str, Any]] | None = None) -> None:
-        """A worker holds a copy of a peer's part of checkpoint `index` (worker/replicator.py, or a
+        """A worker holds a copy of a peer's part of checkpoint `index` (worker/hold/replicator.py, or a
         hand-over), with the `facts` its files were reported with. `parked`: it took it out of a
         generation, where nothing is evicted, so it still holds it."""
         w = await self._record(worker_id)
@@ -171,11 +171,11 @@ class Supervisor:
                                                                     problem))
         self._controller.copy_corrupt(w, generation, index, holder, problem)
 
-    async def persist_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
+    async def store_given_up(self, worker_id: int, generation: int, index: int, reason: str) -> None:
         """A worker could not store its part of checkpoint `index` before the retry deadline."""
         await self._controller.adopted.wait()
         self._controller.commits.part_given_up(generation, index)
-        self._controller.telemetry.record(PersistGivenUp(worker_id, index, reason))
+        self._controller.telemetry.record(StoreGivenUp(worker_id, index, reason))
 
     async def storage_failed(self, worker_id: int, message: str) -> None:
         """A worker met a permanent storage error: the run cannot store anything, so it fails."""

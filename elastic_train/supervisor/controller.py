@@ -2,9 +2,9 @@
 its current generation, its failures).
 
 Every event (a worker parked, lost, reported; a notice; a stop asked) wakes the loop, which asks
-`policy` for a decision and carries it out: opening a generation from `membership.plan_generation`
-and `policy.resume_from`, ending one, resizing, failing. Workers' calls reach it through the actor's
-endpoints (actor.py); report intake, heartbeats and preemption are their own modules.
+`policy` for a decision and carries it out: opening a generation as `opening.py` plans it, ending
+one, resizing, failing. Workers' calls reach it through the actor's endpoints (actor.py); report
+intake, heartbeats and preemption are their own modules.
 """
 
 from __future__ import annotations
@@ -19,27 +19,27 @@ import ray
 from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, ScalingConfig
 from elastic_train.errors import StorageError
-from elastic_train.events import (Failure, GenerationOpened, PreemptionNotice, ResizeRequested,
+from elastic_train.events import (Failure, GenerationOpened, ResizeRequested,
                                   RunStarted, StateChanged, StopRequested, WorkerReady)
-from elastic_train.protocol import Assignment, Exit, Outcome, Position, PreemptionInfo, ResumePlan, Stop
-from elastic_train.run_folder.events import EventLog
+from elastic_train.protocol import Assignment, Exit, Outcome, PreemptionInfo, Stop
+from elastic_train.run_folder.event_log import EventLog
 from elastic_train.run_folder.summary import RunSummary
-from elastic_train.supervisor import notices, policy
-from elastic_train.supervisor.cadence import StoreCadence
-from elastic_train.supervisor.commits import Commits
-from elastic_train.supervisor.ending import Ending
+from elastic_train.run_spec import WorkerSpec
+from elastic_train.supervisor import policy
+from elastic_train.supervisor.checkpoints.cadence import StoreCadence
+from elastic_train.supervisor.checkpoints.commits import Commits
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
+from elastic_train.supervisor.ending import RunEnding
 from elastic_train.supervisor.heartbeats import Heartbeats
-from elastic_train.supervisor.ledger import CheckpointLedger
-from elastic_train.supervisor.membership import (LostCause, WorkerRecord, WorkerStatus, assignments, plan_generation,
-                                                  raised, returned)
-from elastic_train.supervisor.metrics import RunMetrics
-from elastic_train.supervisor.preemption import LEFT, Preemption
+from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus, assignments, raised, returned
+from elastic_train.supervisor.opening import Openings
+from elastic_train.supervisor.preemption.workers import LEFT, Preemption
 from elastic_train.supervisor.reports import Reports
 from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState, check_transition
 from elastic_train.supervisor.tasks import Tasks
-from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.run_spec import WorkerSpec
+from elastic_train.supervisor.watch.metrics import RunMetrics
+from elastic_train.supervisor.watch.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class Controller:
         self.reports = Reports(self, self._elastic, self.roster, self.ledger, self.commits, self.cadence,
                                self.telemetry, self.exported)
         self.heartbeats = Heartbeats(self, self._elastic, self.roster, self.telemetry, self.adopted)
-        self.ending = Ending(self._elastic, self.roster, self.ledger, self.commits, self.tasks, self.telemetry)
+        self.ending = RunEnding(self._elastic, self.roster, self.ledger, self.commits, self.tasks, self.telemetry)
+        self.openings = Openings(scaling, self._elastic, self.ledger, self.roster, self.commits)
         self.preemption = Preemption(self, self._elastic, failure, self.roster, self.ledger, self.reports,
                                      self.telemetry, self.tasks, self.wake)
 
@@ -106,17 +107,17 @@ class Controller:
         return self.ending.decided.is_set()
 
     def is_member(self, w: WorkerRecord) -> bool:
-        return w.generation == self._generation and w.rank >= 0
-
-    def _going(self) -> bool:
-        return not self._state.terminal
+        return w.is_member(self._generation)
 
     def over(self, generation: int) -> bool:
         """Has `generation` ended (its members are to leave it)?"""
         return generation != self._generation or not self._state.training
 
     def members(self) -> list[WorkerRecord]:
-        return [w for w in self.roster.records.values() if self.is_member(w)]
+        return self.roster.members(self._generation)
+
+    def _going_on(self) -> bool:
+        return not self._state.terminal
 
     # == the loop ====================================================================================
     async def run(self) -> RunSummary:
@@ -135,10 +136,10 @@ class Controller:
         else:
             self.telemetry.record(RunStarted(self._expected_initial))
         self.adopted.set()
-        periodic = [Tasks.every(self._elastic.event_log_interval_s, self._write_events, self._going),
-                    Tasks.every(self._elastic.metrics_interval_s, self._sample_metrics, self._going)]
+        periodic = [Tasks.every(self._elastic.event_log_interval_s, self.log.write, self._going_on),
+                    Tasks.every(self._elastic.metrics_interval_s, self._sample_metrics, self._going_on)]
         if self._elastic.watch_ray_drains:
-            periodic.append(Tasks.every(self._elastic.preemption_poll_interval_s, self._check_ray_drains, self._going))
+            periodic.append(Tasks.every(self._elastic.preemption_poll_interval_s, self._check_ray_drains, self._going_on))
         self.roster.top_up()
         while not self._state.terminal:
             try:
@@ -151,7 +152,7 @@ class Controller:
         self.heartbeats.close()
         for task in periodic:
             task.cancel()
-        await asyncio.get_running_loop().run_in_executor(None, self.log.flush)
+        await self.log.write()
         if self._worker_failures and self._state is RunState.ERRORED:
             self._worker_failures = raised(self.members()) or self._worker_failures  # with the ranks that parked since
         self.reports.feed.settle_all()
@@ -171,11 +172,7 @@ class Controller:
             return
         generation, self._world_size = members[0].generation, members[0].world_size
         self._generation = generation
-        self.ledger.adopt(generation, self._world_size, members)
-        self.reports.open(max(m.index for m in members))
-        self.telemetry.record(GenerationOpened(
-            generation, self._world_size, {m.worker_id: {"rank": m.rank, "pid": m.pid, "node": m.node_id}
-                                           for m in members}, adopted=True))
+        self.reports.adopt(generation, self._world_size, members)
         self._transition(RunState.RUNNING, reason="supervisor restarted", generation=generation)
         missing = set(range(self._world_size)) - {m.rank for m in members}
         if missing:
@@ -184,32 +181,32 @@ class Controller:
     def _step(self, now: float) -> None:
         self.roster.drop_silent(now)
         self.reports.settle_hopeless()
-        if self._state.training:
-            self._drop_hung_workers(now)
+        if self._state.training and self.roster.drop_hung(self.members(), now):  # heartbeats prove the process only
+            self.restart(f"no member reported within progress_timeout_s={self._elastic.progress_timeout_s}s")
         if self.stopping is not None:
             self._step_stopping(now)
         elif self._state is RunState.SCHEDULING:
-            parked = self._ready()
+            parked = self.roster.ready()
             self._carry_out(policy.scheduling(
                 parked=len(parked), starting=len(self.roster.with_status(WorkerStatus.STARTING)),
                 first=self._generation < 0, expected_initial=self._expected_initial, waited_s=now - self._entered,
                 scaling=self._scaling, elastic=self._elastic), parked)
         elif self._state.training:
-            standby = [w for w in self._standby() if not w.leaving]
+            standby = [w for w in self.roster.standby(self._generation) if not w.leaving]
             staying = [w for w in self.members() if not w.leaving]
             self._carry_out(policy.running(
                 self._views(), resizing=self._state is RunState.RESIZING, standby=len(standby), scaling=self._scaling,
                 failure=self._failure, error_counted=self._generation in self._counted,
-                in_place=self._in_place(staying) is not None),
+                in_place=self.openings.going_on(staying, self._generation)[0] is not None),
                 [w for w in self.members() if not w.leaving] + standby)
         elif self._state is RunState.RESTARTING:
-            ready = self._ready()
+            ready = self.roster.ready()
             decision = policy.restarting(
                 self._views(), parked=len(ready), waited_s=now - self._entered,
                 drain_timeout_s=self._elastic.drain_timeout_s, scaling=self._scaling,
-                error_counted=self._generation in self._counted, in_place=self._in_place(ready) is not None)
+                error_counted=self._generation in self._counted, in_place=self.openings.going_on(ready, self._generation)[0] is not None)
             self._drop(decision.dropped, decision.reason)
-            self._carry_out(decision, self._ready())
+            self._carry_out(decision, self.roster.ready())
 
     def _step_stopping(self, now: float) -> None:
         """`stop_run` was asked: members leave their generation, then the run finishes as usual (the
@@ -251,46 +248,8 @@ class Controller:
         elif do is policy.Do.FAIL:
             self.fail(decision.reason)
 
-    def _in_place(self, candidates: list[WorkerRecord]) -> Position | None:
-        """Where `candidates` would go on in place as the next generation (policy.in_place), if that is
-        faithful (policy.unfaithful)."""
-        return self._going_on(candidates)[0]
-
-    def _going_on(self, candidates: list[WorkerRecord]) -> tuple[Position | None, str | None]:
-        """Where `candidates` go on in place, or why they would not compute there what a re-entered
-        loop computes (then None, and the reason)."""
-        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == self._generation
-                              and w.rank >= 0 else None for w in candidates], [w.rank for w in candidates])
-        if at is None:
-            return None, None
-        placements = plan_generation(candidates, self._generation, self._scaling.max_workers, False).placements
-        world = len(placements)
-        places = [{"rank": p.rank, "world_size": world, "local_rank": p.local_rank,
-                   "local_world_size": p.local_world_size, "node_rank": p.node_rank}
-                  for p in (placements[w.worker_id] for w in candidates)]
-        why = policy.unfaithful([w.outcome.reads for w in candidates], places)
-        return (None, why) if why is not None else (at, None)
-
     def _views(self) -> list[policy.Member]:
         return [policy.Member.of(m) for m in self.members()]
-
-    def _ready(self) -> list[WorkerRecord]:
-        """Workers parked and ready for the next generation (none under a preemption notice)."""
-        return [w for w in self.roster.with_status(WorkerStatus.PARKED) if not w.leaving]
-
-    def _standby(self) -> list[WorkerRecord]:
-        return [w for w in self.roster.with_status(WorkerStatus.PARKED) if not self.is_member(w)]
-
-    def _drop_hung_workers(self, now: float) -> None:
-        """The progress watchdog: heartbeats come from a thread and prove the process, not the loop."""
-        running = [m for m in self.members() if m.status is WorkerStatus.TRAINING]
-        timeout = self._elastic.progress_timeout_s
-        stall = policy.stalled([policy.Progress(m.worker_id, *m.last_report) for m in running], now, timeout)
-        for worker_id in stall.hung:
-            self.roster.lose(self.roster.records[worker_id], LostCause.HUNG,
-                             f"no report for over progress_timeout_s={timeout}s while its peers were ahead")
-        if stall.restart:
-            self.restart(f"no member reported within progress_timeout_s={timeout}s")
 
     # == transitions ===================================================================================
     def _transition(self, target: RunState, **details: Any) -> None:
@@ -329,41 +288,24 @@ class Controller:
         self._worker_failures = by_rank or {}
         self._transition(RunState.ERRORED)
 
-    def _newest_state(self, workers: list[WorkerRecord]) -> ResumePlan | None:
-        """The newest state `workers` can resume from, in their memory or in storage."""
-        return policy.resume_from(self.ledger.resume_plan({w.worker_id for w in workers}, self.roster.holds(),
-                                                          alive=self.roster.live_ids()), self.commits.newest)
-
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
-        survivors = [w for w in candidates if w.generation == self._generation and w.rank >= 0]
-        at, why = self._going_on(survivors)
-        if at is not None and len(survivors) < len(candidates):
-            newest = self._newest_state(candidates)
-            back = len(survivors) < self._scaling.min_workers <= len(candidates)
-            if not policy.newcomers_join(at, newest.index if newest else None, back_at_size=back):
-                candidates = survivors  # they go on in place; the newcomers join at a report with a checkpoint
-        plan = plan_generation(candidates, self._generation, self._scaling.max_workers,
-                               self._elastic.replicate_checkpoints)
-        records = {w.worker_id: w for w in candidates}
-        chosen = [records[worker_id] for worker_id in plan.placements]
-        at = self._in_place(chosen)
-        why = why if at is None else None  # the survivors' loops hold what their new places change
+        opening = self.openings.plan(candidates, self._generation)
+        chosen, at = opening.chosen, opening.at
         previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
         self.reports.close(self._generation)
+        resume = self.openings.resume(opening, self._generation)
         self._generation += 1
         self._opened = True
         self._world_size = len(chosen)
-        if at is not None:  # the loops go on from their reports: nothing to load
-            resume: ResumePlan | None = ResumePlan(index=at.index, generation=self._generation - 1)
-        else:
-            resume = self._newest_state(chosen)
-            if resume is not None:
-                self.ledger.restoring(resume)
+        if at is None and resume is not None:
+            self.ledger.restoring(resume)
         start = resume.index if resume else 0
         self.ledger.rewind(start)
         self.reports.open(start)
         self.cadence.forget_in_flight()
-        places = assignments(plan, candidates, self._generation, resume, self._scaling.max_workers, previous_ranks)
+        plan = opening.plan
+        places = assignments(plan, opening.candidates, self._generation, resume, self._scaling.max_workers,
+                             previous_ranks)
         for w in chosen:
             self.roster.join(w, places[w.worker_id], start)
         for w in self.roster.with_status(WorkerStatus.PARKED):
@@ -372,7 +314,7 @@ class Controller:
             self._generation, len(chosen),
             {w.worker_id: {"rank": plan.placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},
             resume_index=resume.index if resume else None,
-            resume_from=_resumed_from(resume, at is not None), reentered_because=why))
+            resume_from=opening.resumed_from(resume), reentered_because=opening.why))
         self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen), reason=reason or None)
 
     # == what workers and the driver ask of the run ====================================================
@@ -402,17 +344,14 @@ class Controller:
         after the call that tells it (the loop saves a checkpoint there, so no step is redone)."""
         if w.leaving or w.status is WorkerStatus.LOST or self._state.terminal:
             return
-        notes = self.preemption.notices
-        self.roster.noticed(w, machine_goes=source != "sigterm")
-        notes.noted(w.worker_id, seconds_left)
-        self.telemetry.record(PreemptionNotice(w.worker_id, w.pid, w.rank, w.node_id, source, seconds_left))
+        preempted = self.preemption.note(w, source, seconds_left)
         if self._state is RunState.RUNNING and self.is_member(w):
-            if notes.preempted():
-                self._preemption = notices.preemption_info(self.preemption.leaving())
-                self.fail(f"preempted {notes.count} times, over FailureConfig.max_preemption_failures="
-                          f"{self._failure.max_preemption_failures}")
+            if preempted is not None:
+                self._preemption = preempted
+                self.fail(f"preempted {self.preemption.notices.count} times, over FailureConfig."
+                          f"max_preemption_failures={self._failure.max_preemption_failures}")
                 return
-            asks = self._generation in notes.asked_in
+            asks = self._generation in self.preemption.notices.asked_in
             self.reports.unwind_after(policy.resize_point(self.reports.latest, asks), self.members(), self._generation)
             self._transition(RunState.RESIZING, reason=f"worker {w.worker_id} preempted",
                              at="the report after get_preemption_info()" if asks else "the next report")
@@ -448,10 +387,6 @@ class Controller:
         return self.roster.live_ids()
 
     # == work at intervals ===============================================================================
-    async def _write_events(self) -> None:
-        """Write new events to the run's event log as the run goes (the last ones at its end)."""
-        await asyncio.get_running_loop().run_in_executor(None, self.log.flush)
-
     async def _sample_metrics(self) -> None:
         self.exported.sample(self.members(), self.reports.pace.stragglers, self.reports.pace.growing,
                              time.monotonic())
@@ -461,11 +396,3 @@ class Controller:
         for w, seconds_left in await self.preemption.drained():
             self.notice(w, "ray_drain", seconds_left)
 
-
-def _resumed_from(resume: ResumePlan | None, in_place: bool) -> str | None:
-    """Which path a generation's recovery took, for its event."""
-    if in_place:
-        return "in place"
-    if resume is None:
-        return None
-    return "storage" if resume.stored else "memory"

@@ -1,7 +1,7 @@
 """The run's end, once its state is FINISHED or ERRORED: a failed run's members leave their
 generation first (their last reports count); the newest checkpoint that only memory holds is chosen
 to be stored (`policy.final_flush`); every worker is stopped with it, the commits under way are
-waited for (within `drain_timeout_s`, plus `persist_flush_timeout_s` when there is a flush), and
+waited for (within `drain_timeout_s`, plus `store_flush_timeout_s` when there is a flush), and
 whatever has not ended by then is ended."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from elastic_train.config import ElasticConfig
 from elastic_train.events import RunEnded
 from elastic_train.protocol import ResumePlan, Stop
 from elastic_train.supervisor import policy
-from elastic_train.supervisor.commits import Commits
-from elastic_train.supervisor.ledger import CheckpointLedger
+from elastic_train.supervisor.checkpoints.commits import Commits
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunState
 from elastic_train.supervisor.tasks import Tasks
-from elastic_train.supervisor.telemetry import Telemetry
+from elastic_train.supervisor.watch.telemetry import Telemetry
 
 
-class Ending:
+class RunEnding:
     def __init__(self, elastic: ElasticConfig, roster: Roster, ledger: CheckpointLedger, commits: Commits,
                  tasks: Tasks, telemetry: Telemetry):
         self._elastic = elastic
@@ -56,7 +56,7 @@ class Ending:
         self._roster.end_all(self._stop(state), now=False)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.
         await self._tasks.wait(time.monotonic() + self._elastic.drain_timeout_s + (
-            self._elastic.persist_flush_timeout_s if self.flush is not None else 0.0))
+            self._elastic.store_flush_timeout_s if self.flush is not None else 0.0))
         self._roster.end_all(self._stop(state), now=True)  # whatever has not ended by now is ended here
         await self._commits.close(self._elastic.storage_retry_deadline_s)
         self._telemetry.record(RunEnded(state.value))  # last: every commit of the run is logged before it

@@ -26,7 +26,7 @@ from elastic_train.protocol import TOKEN_BYTES, Beat, BeatReply, HeartbeatChanne
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunView
-from elastic_train.supervisor.telemetry import Telemetry
+from elastic_train.supervisor.watch.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 

@@ -49,6 +49,10 @@ class WorkerRecord:
     last_report: tuple[int, float] = (0, 0.0)  # (index, monotonic time) of its last report in its generation
     leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
 
+    def is_member(self, generation: int) -> bool:
+        """Has it a rank in `generation`?"""
+        return self.generation == generation and self.rank >= 0
+
     @property
     def exited(self) -> Exit | None:
         """How this worker left the current generation, if it did."""

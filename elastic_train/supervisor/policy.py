@@ -16,11 +16,11 @@ from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
 
 if TYPE_CHECKING:
     from elastic_train.checkpoint.layout import CommittedCheckpoint
-    from elastic_train.supervisor.ledger import ReportEntry
+    from elastic_train.supervisor.checkpoints.ledger import ReportEntry
 
 
 @dataclass(frozen=True)
-class Progress:
+class LastReport:
     """A running member's last report in the current generation."""
 
     worker_id: int
@@ -36,7 +36,7 @@ class Stall:
     restart: bool = False  # all stand at the same report: abort them all; whoever does not leave is hung
 
 
-def stalled(progress: list[Progress], now: float, timeout_s: float | None) -> Stall:
+def stalled(progress: list[LastReport], now: float, timeout_s: float | None) -> Stall:
     """A member whose heartbeat thread is alive but whose loop is stuck (a deadlock, a hung kernel, a
     hung read) stops reporting. `report()` is a barrier, so the others soon stop too: the generation
     stalls. The hung members are those behind: the lowest last report index. When all stand at the

@@ -13,20 +13,20 @@ from typing import Any
 
 from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.config import ElasticConfig
-from elastic_train.events import MemoryGrowing, ReportUnagreedKept, StaleReportRejected, Straggler, StragglerCleared
+from elastic_train.events import GenerationOpened, MemoryGrowing, ReportUnagreedKept, StaleReportRejected, Straggler, StragglerCleared
 from elastic_train.protocol import Pace, Report, ReportRecord, ReportReply
 from elastic_train.supervisor import policy
 from elastic_train.supervisor.agreement import Agreements
-from elastic_train.supervisor.cadence import StoreCadence
-from elastic_train.supervisor.commits import Commits
-from elastic_train.supervisor.feed import ReportFeed
-from elastic_train.supervisor.ledger import CheckpointLedger, ReportEntry
+from elastic_train.supervisor.checkpoints.cadence import StoreCadence
+from elastic_train.supervisor.checkpoints.commits import Commits
+from elastic_train.supervisor.checkpoints.feed import ReportFeed
+from elastic_train.supervisor.checkpoints.ledger import CheckpointLedger, ReportEntry
 from elastic_train.supervisor.membership import WorkerRecord, WorkerStatus
-from elastic_train.supervisor.metrics import RunMetrics
-from elastic_train.supervisor.pace import PaceWatch, peer_medians
 from elastic_train.supervisor.roster import Roster
 from elastic_train.supervisor.state import RunView
-from elastic_train.supervisor.telemetry import Telemetry
+from elastic_train.supervisor.watch.metrics import RunMetrics
+from elastic_train.supervisor.watch.pace import PaceWatch, peer_medians
+from elastic_train.supervisor.watch.telemetry import Telemetry
 
 
 class Reports:
@@ -54,6 +54,13 @@ class Reports:
         self._agreements = Agreements()
 
     # == a generation's reports ====================================================================
+    def adopt(self, generation: int, world_size: int, members: list[WorkerRecord]) -> None:
+        """A restarted supervisor adopted `members` of `generation`: their reports go on from theirs."""
+        self._ledger.adopt(generation, world_size, members)
+        self.open(max(m.index for m in members))
+        self._telemetry.record(GenerationOpened(generation, world_size, {
+            m.worker_id: {"rank": m.rank, "pid": m.pid, "node": m.node_id} for m in members}, adopted=True))
+
     def open(self, index: int) -> None:
         """A generation opens, resuming after report `index`."""
         self.latest, self.resize_at = index, None
@@ -61,7 +68,7 @@ class Reports:
     def unwind_after(self, index: int | None, members: list[WorkerRecord], generation: int, grow: bool = False) -> None:
         """Members leave the group at report `index` (or the first after it), for it to re-form; None:
         not yet (the loop asks `get_preemption_info()` first); `grow`: newcomers join, at the first such
-        report that carries a checkpoint (worker/report_plan.py `leaves`). Reports without a checkpoint
+        report that carries a checkpoint (worker/report/plan.py `leaves`). Reports without a checkpoint
         do not wait for a reply, so each member is told."""
         self.resize_at, self._grows = index, grow
         if index is not None:
@@ -109,7 +116,7 @@ class Reports:
         entry = self._enter(w.rank, w.worker_id, report)
         self._roster.reported(w, index)
         peer = report.peer
-        if peer is not None:  # its part came here at the barrier (worker/part_exchange.py)
+        if peer is not None:  # its part came here at the barrier (worker/report/part_exchange.py)
             self._ledger.record_replica(generation, index, w.worker_id, peer.report.names or [],
                                         self._run.world_size, peer.facts)
             if peer.rank not in entry.reported_ranks:  # its own may never come: the peer made it all the same
@@ -148,7 +155,7 @@ class Reports:
 
     def unagreed(self, w: WorkerRecord, report: Report) -> None:
         """A survivor parks holding the live dict part of a report whose barrier failed after its step
-        made a collective with every peer (worker/lockstep.py `_keep_unagreed`): that report counts as
+        made a collective with every peer (worker/report/lockstep.py `_keep_unagreed`): that report counts as
         made, and the next generation may resume from it instead of an older checkpoint."""
         entry = self._ledger.record_unagreed(report.generation, self._run.world_size, report.index, w.rank,
                                              w.worker_id, report.names or [], report.metrics, report.loader_states)
@@ -185,7 +192,7 @@ class Reports:
 
     def _watch_pace(self, index: int, paces: dict[int, Pace]) -> None:
         """Report `index`, which every member made, with each one's pace: flag stragglers and growing
-        memory (pace.py), and export it."""
+        memory (supervisor/watch/pace.py), and export it."""
         members = {w.worker_id: w for w in self._run.members()}
         self._exported.made(index, paces, members, time.monotonic())
         step_times = {worker: pace.step_s for worker, pace in paces.items()}

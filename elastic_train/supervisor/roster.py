@@ -18,13 +18,14 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY
 from elastic_train.config import ElasticConfig, ScalingConfig
 from elastic_train.events import FencedWorkerRejoined, SupervisorRestarted, WorkerLeft, WorkerLost
 from elastic_train.protocol import Assignment, Outcome, Stop, WorkerInfo
+from elastic_train.run_spec import WorkerSpec
+from elastic_train.supervisor import policy
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, describe_workers, worker_name
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
 from elastic_train.supervisor.tasks import Tasks
-from elastic_train.supervisor.telemetry import Telemetry
-from elastic_train.run_spec import WorkerSpec
+from elastic_train.supervisor.watch.telemetry import Telemetry
 from elastic_train.worker.actor import TrainWorker
-from elastic_train.worker.nccl_env import nccl_env
+from elastic_train.worker.group.nccl_env import nccl_env
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,17 @@ class Roster:
 
     def with_status(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self.records.values() if w.status is status]
+
+    def members(self, generation: int) -> list[WorkerRecord]:
+        return [w for w in self.records.values() if w.is_member(generation)]
+
+    def ready(self) -> list[WorkerRecord]:
+        """Workers parked and ready for the next generation (none under a preemption notice)."""
+        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.leaving]
+
+    def standby(self, generation: int) -> list[WorkerRecord]:
+        """Workers parked beside `generation`, not members of it."""
+        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.is_member(generation)]
 
     def live_ids(self) -> set[int]:
         return {w.worker_id for w in self.records.values() if w.status is not WorkerStatus.LOST}
@@ -91,7 +103,7 @@ class Roster:
                 max_concurrency=6,
                 scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
                 label_selector=self._away_from_leaving_nodes(),
-                # NCCL: the c10d watchdog must not end a survivor's process (worker/nccl_env.py); set
+                # NCCL: the c10d watchdog must not end a survivor's process (worker/group/nccl_env.py); set
                 # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
                 runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
                 if self._spec.backend == "nccl" else None,
@@ -148,6 +160,17 @@ class Roster:
             silent = now - w.last_heartbeat
             if w.status in (WorkerStatus.TRAINING, WorkerStatus.PARKED) and silent > self._elastic.heartbeat_timeout_s:
                 self.lose(w, LostCause.SILENT, f"no heartbeat for {silent:.1f}s")
+
+    def drop_hung(self, members: list[WorkerRecord], now: float) -> bool:
+        """The progress watchdog (`policy.stalled`): a member behind its peers with no report for
+        `progress_timeout_s` is lost as hung; returns whether the generation stalled as a whole."""
+        timeout = self._elastic.progress_timeout_s
+        running = [m for m in members if m.status is WorkerStatus.TRAINING]
+        stall = policy.stalled([policy.LastReport(m.worker_id, *m.last_report) for m in running], now, timeout)
+        for worker_id in stall.hung:
+            self.lose(self.records[worker_id], LostCause.HUNG,
+                      f"no report for over progress_timeout_s={timeout}s while its peers were ahead")
+        return stall.restart
 
     async def probe(self, worker: WorkerRecord) -> None:
         """After a collective failed: is this member still there?"""

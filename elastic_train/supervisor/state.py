@@ -11,30 +11,12 @@
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, Protocol
+
+from elastic_train.protocol import RunState
 
 if TYPE_CHECKING:
     from elastic_train.supervisor.membership import WorkerRecord
-
-
-class RunState(str, enum.Enum):
-    ADOPTING = "ADOPTING"
-    SCHEDULING = "SCHEDULING"
-    RUNNING = "RUNNING"
-    RESIZING = "RESIZING"
-    RESTARTING = "RESTARTING"
-    FINISHED = "FINISHED"
-    ERRORED = "ERRORED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (RunState.FINISHED, RunState.ERRORED)
-
-    @property
-    def training(self) -> bool:
-        """A generation is open and its members in their loop."""
-        return self in (RunState.RUNNING, RunState.RESIZING)
 
 
 _ALLOWED = {

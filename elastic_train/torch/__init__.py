@@ -5,8 +5,9 @@ and our save_state/load_state (model and optimizer state through torch.distribut
 from elastic_train.torch.config import TorchConfig
 from elastic_train.torch.data import prepare_data_loader
 from elastic_train.torch.loop_utils import accelerate, backward, enable_reproducibility, prepare_optimizer
-from elastic_train.torch.model import get_device, get_devices, keep_state, prepare_model
+from elastic_train.torch.model import keep_state, prepare_model
 from elastic_train.unsupported import lazy_getattr, ray_train_torch_getattr
+from elastic_train.worker.group.devices import get_device, get_devices
 
 __all__ = [
     "TorchTrainer",

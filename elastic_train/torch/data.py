@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 
 from elastic_train.faithful.reads import record
 from elastic_train.ingest.cursor import Cursor, share
-from elastic_train.torch.model import get_device
-from elastic_train.worker.session import get_session
+from elastic_train.worker.group.devices import get_device
+from elastic_train.worker.loop.current import get_session
 
 logger = logging.getLogger(__name__)
 

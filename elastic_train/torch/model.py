@@ -2,48 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, TypeVar
 
-import ray
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elastic_train.torch.elastic_group import ElasticDDP, ElasticGroup
-from elastic_train.torch.reduction import StepReduction
-from elastic_train.worker.session import current_session, get_session
-from elastic_train.worker.sharded_state import is_sharded
-from elastic_train.worker.world_group import world_group
+from elastic_train.worker.group.ddp import ElasticDDP, DDPGroup
+from elastic_train.worker.group.devices import get_device
+from elastic_train.worker.group.reduction import StepReduction
+from elastic_train.worker.group.world import world_group
+from elastic_train.worker.hold.sharded_state import is_sharded
+from elastic_train.worker.loop.current import current_session, get_session
 
 T = TypeVar("T")
-
-
-def get_device() -> torch.device:
-    """This worker's device: its GPU when the run uses GPUs (NCCL), else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def get_devices() -> list[torch.device]:
-    """Every device of this worker: with GPUs, each GPU Ray assigned it (`resources_per_worker={"GPU": 2}`
-    gives two), as CUDA devices of this process, in `ray.get_gpu_ids()` order, as Ray Train does;
-    else the CPU alone."""
-    device = get_device()
-    if device.type != "cuda":
-        return [device]
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d and d != "NoDevFiles"]
-    assigned = [str(gpu) for gpu in ray.get_gpu_ids()] if ray.is_initialized() else []
-    if not visible or not assigned:
-        return [device]
-    missing = [gpu for gpu in assigned if gpu not in visible]
-    if missing:
-        raise RuntimeError(
-            f"CUDA_VISIBLE_DEVICES={','.join(visible)} does not include the GPUs Ray assigned this worker "
-            f"({', '.join(missing)}): do not override CUDA_VISIBLE_DEVICES in the training loop."
-        )
-    return [torch.device("cuda", visible.index(gpu)) for gpu in assigned]
 
 
 def prepare_model(
@@ -63,7 +35,7 @@ def prepare_model(
 
     Ours, on gloo: a peer lost during the step's gradient reduction does not unwind a loop that
     draws its data from `prepare_data_loader`. The survivors complete the step among themselves and
-    the loop goes on where it was (torch/reduction.py); `get_context()` then answers the new rank and
+    the loop goes on where it was (worker/group/reduction.py); `get_context()` then answers the new rank and
     world size, so read them where they are used (as Ray Train's guides do), not once before the loop.
 
     `live_state=True` (ours): the run keeps the model's state, and that of the optimizers stepping
@@ -102,7 +74,7 @@ def prepare_model(
     if session is None or not session.recovers_in_place or world_group() is None:
         return DistributedDataParallel(model, **kwargs)
     # A peer lost under the loop: DDP's collectives and the step's reduction complete on the survivors.
-    wrapped = ElasticDDP(model, process_group=ElasticGroup(), **kwargs)
+    wrapped = ElasticDDP(model, process_group=DDPGroup(), **kwargs)
     StepReduction(session).register(wrapped)
     return wrapped
 

@@ -1,5 +1,5 @@
 """One thread that works through what the loop hands it, so that `report()` never waits on storage
-or on a peer: the base of the persister, the replicator and the report sender.
+or on a peer: the base of the store queue, the replicator and the report sender.
 
 Each of those says what waiting work is (a queue, the newest part, a batch) and how a piece of it is
 done; this class owns the thread, the condition every party waits on, `flush` and `close`. Each piece

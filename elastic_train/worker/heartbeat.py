@@ -157,7 +157,7 @@ class HeartbeatSender:
 
     def _facts(self, generation: int | None) -> dict[str, float]:
         """What a heartbeat tells besides: the process's memory and CPU, and where its loop is. Reports
-        without a checkpoint reach the supervisor late (report_sender.py), and a rank waits in report()'s
+        without a checkpoint reach the supervisor late (worker/report/sender.py), and a rank waits in report()'s
         barrier before sending its own: the report it entered tells the progress watchdog who is behind."""
         return {"rss_bytes": resident_bytes(), "cpu_percent": self._process.cpu_percent(),
                 "report_index": float(self._report_index(generation))}

@@ -18,26 +18,27 @@ from typing import Any
 import ray
 import torch.distributed as dist
 
+from elastic_train.errors import GenerationEnded, PeerLost
 from elastic_train.faithful.reads import track_environment
 from elastic_train.protocol import Assignment, Exit, HeldCheckpoint, Outcome, PlaceRead, Position, Stop, WorkerInfo
-from elastic_train.errors import GenerationEnded, PeerLost
-from elastic_train.worker.allocator import retain_freed_memory
-from elastic_train.worker.heartbeat import HeartbeatSender
-from elastic_train.worker.persister import PartUpload
-from elastic_train.worker.preemption import NoticeWatcher, make_pollers
-from elastic_train.worker.process_state import Place, reset_for_generation
 from elastic_train.run_spec import WorkerSpec
-from elastic_train.worker.context import TrainContext
-from elastic_train.worker.holdings import Holdings
-from elastic_train.worker.replicator import Facts, as_pieces, from_pieces
-from elastic_train.worker.report_sender import ReportSender, Sent
+from elastic_train.worker.group.generation import GenerationGroup
+from elastic_train.worker.group.process_state import Place, reset_for_generation
+from elastic_train.worker.heartbeat import HeartbeatSender
+from elastic_train.worker.hold.allocator import retain_freed_memory
+from elastic_train.worker.hold.holdings import Holdings
+from elastic_train.worker.hold.parts import Part
+from elastic_train.worker.hold.replicator import Facts, as_pieces, from_pieces
+from elastic_train.worker.loop.context import TrainContext
+from elastic_train.worker.loop.current import set_session
+from elastic_train.worker.loop.host import SessionSetup
+from elastic_train.worker.loop.resume import part_to_store
+from elastic_train.worker.loop.session import TrainSession
+from elastic_train.worker.preemption import NoticeWatcher, make_pollers
+from elastic_train.worker.report.sender import ReportSender, Sent
+from elastic_train.worker.store.queue import PartToStore
+from elastic_train.worker.store.worker_store import WorkerStore
 from elastic_train.worker.warmup import warm_up
-from elastic_train.worker.process_group import GenerationProcessGroup
-from elastic_train.worker.host import SessionSetup
-from elastic_train.worker.memory import Part
-from elastic_train.worker.resume import part_to_store
-from elastic_train.worker.session import TrainSession, set_session
-from elastic_train.worker.uploads import Uploads
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Member:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
         self._held = Holdings(spec.elastic.checkpoints_in_memory, self._send_replica)
         self._reports = ReportSender(self._send_reports, spec.elastic.report_interval_s)
-        self._group = GenerationProcessGroup(
+        self._group = GenerationGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s,
             spec.elastic.process_group_destroy_timeout_s, spec.elastic.recover_in_place,
         )
@@ -73,8 +74,8 @@ class Member:
         self._next: Assignment | Stop | None = None  # given while parked inside the loop, which then unwound
         self._stopped = threading.Event()
         self._ended = threading.Event()
-        self._uploads = Uploads(worker_id, supervisor, spec.storage, spec.elastic, self._reports.submit,
-                                self._reports.flush, lambda: self._assignment)
+        self._store = WorkerStore(worker_id, supervisor, spec.storage, spec.elastic, self._reports.submit,
+                                  self._reports.flush, lambda: self._assignment)
         elastic = spec.elastic
         self._notices = NoticeWatcher(
             self._on_preemption_notice,
@@ -130,7 +131,7 @@ class Member:
 
     def hold_replica(self, held: HeldCheckpoint, files: dict[str, bytes] | None, *pieces: tuple[str, bytes]) -> None:
         """Keep a peer's checkpoint part (with the facts it was reported with), and tell the
-        supervisor this worker holds it. A small part comes in `pieces` (replicator.py `as_pieces`)."""
+        supervisor this worker holds it. A small part comes in `pieces` (worker/hold/replicator.py `as_pieces`)."""
         files = files if files is not None else from_pieces(pieces)
         running = held.generation == self._generation
         self._held.hold_replica(held, files, running)
@@ -201,7 +202,7 @@ class Member:
         finally:
             heartbeat.stop()
             self._notices.stop()
-            self._uploads.close()
+            self._store.close()
             self._held.close()
             self._reports.close()
             self._stopped.set()
@@ -228,7 +229,7 @@ class Member:
             self._group.leave()
             raise
         place = (assignment.rank, assignment.world_size)
-        reset_for_generation(self._place, place)  # torch's caches of the previous world (process_state.py)
+        reset_for_generation(self._place, place)  # torch's caches of the previous world (worker/group/process_state.py)
         self._place = place
 
     def _leave(self, generation: int) -> None:
@@ -240,7 +241,7 @@ class Member:
                            "drain_timeout_s=%ss", self.worker_id, generation, self._spec.elastic.drain_timeout_s)
 
     def _reform(self, position: Position, reads: tuple[PlaceRead, ...]) -> Assignment | None:
-        """`SessionHost.reform`: park from inside the loop; join the next generation's group when its
+        """`WorkerServices.reform`: park from inside the loop; join the next generation's group when its
         loops go on in place, else keep its place for `run` once the loop unwound."""
         generation = self._assignment.generation
         self._leave(generation)
@@ -270,10 +271,10 @@ class Member:
         # Chosen to be stored, but not whole in storage (plan.store: protocol.py): its holders store it now.
         resumed = part_to_store(assignment.resume, self.worker_id, self.read_checkpoint)
         if resumed is not None:
-            self._uploads.submit(resumed)
+            self._store.submit(resumed)
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
-                                            self._spec.elastic.persist_flush_timeout_s, self._loop.initial_checkpoint,
+                                            self._spec.elastic.store_flush_timeout_s, self._loop.initial_checkpoint,
                                             self._spec.elastic.recover_in_place, self._spec.backend,
                                             self._spec.elastic.sharded_state_budget, self._loop.datasets,
                                             self._spec.elastic.part_safe_wait_s),
@@ -302,7 +303,7 @@ class Member:
             loop = self._loop
             returned = loop.train_fn() if loop.train_config is None else loop.train_fn(loop.train_config)
             session.finish()
-            self._uploads.store_now(session.unstored(), "the last checkpoint")  # whatever the cadence
+            self._store.store_now(session.unstored(), "the last checkpoint")  # whatever the cadence
             place = session.context.assignment
             return Outcome.finished(place.generation, returned if place.rank == 0 else None)
         except PeerLost:
@@ -331,7 +332,7 @@ class Member:
     def _hold(self, held: HeldCheckpoint, part: Part, replicate: bool, facts: Facts,
               safe: threading.Event | None = None) -> None:
         """A reported part: held in memory, and with `replicate` copied to the generation's buddy
-        (`safe`: set once storage or the buddy holds it: holdings.py)."""
+        (`safe`: set once storage or the buddy holds it: worker/hold/holdings.py)."""
         buddy = self._assignment.buddy if replicate and self._assignment is not None else None
         self._held.hold(held, part, facts, buddy, safe)
 
@@ -352,18 +353,18 @@ class Member:
     def _on_generation_ended(self, generation: int) -> None:
         if self._generation == generation:
             self._ended.set()
-            self._uploads.interrupt()
+            self._store.interrupt()
             self._group.abort(generation)
 
     def _flush_on_stop(self, stop: Stop) -> None:
         """Store this worker's share of the checkpoint that a failed run leaves behind."""
         part = part_to_store(stop.flush, self.worker_id, self.read_checkpoint, final=True)
         if part is not None:
-            self._uploads.store_now(part, "the run's last checkpoint")
+            self._store.store_now(part, "the run's last checkpoint")
 
 
 class _Host:
-    """A worker's services to its session (host.py `SessionHost`), in the generation the worker is in."""
+    """A worker's services to its session (worker/loop/host.py `WorkerServices`), in the generation the worker is in."""
 
     def __init__(self, worker: Member):
         self._worker = worker
@@ -376,8 +377,8 @@ class _Host:
         self.generation_ended = worker._ended.is_set
         self.reform = worker._reform
 
-    def store(self, part: PartUpload) -> float | None:
-        return self._worker._uploads.submit(part, cancelled=self._worker._ended.is_set)
+    def store(self, part: PartToStore) -> float | None:
+        return self._worker._store.submit(part, cancelled=self._worker._ended.is_set)
 
     def unwind_due(self, index: int) -> bool:
         return self._worker._unwind_due(self._worker._assignment.generation, index)

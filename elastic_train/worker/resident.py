@@ -1,4 +1,4 @@
-"""This worker process's resident memory, read at every report (supervisor/pace.py watches it grow).
+"""This worker process's resident memory, read at every report (supervisor/watch/pace.py watches it grow).
 
 Why not `psutil.Process().memory_info()`: it opens, reads and closes `/proc/<pid>/statm` each time,
 ~0.2 ms on a loop woken from a step's compute, which is most of a 1 % budget for `report()` at a

@@ -27,7 +27,7 @@ def warm_up(use_cuda: bool, datasets: bool) -> float:
     it took."""
     began = time.monotonic()
     if datasets:
-        importlib.import_module("elastic_train.ingest.shard")
+        importlib.import_module("ray.data")  # what the loop's dataset shard (ingest/shard.py) is built on
     device = torch.device("cuda") if use_cuda and torch.cuda.is_available() else torch.device("cpu")
     model = torch.nn.Linear(4, 1).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)

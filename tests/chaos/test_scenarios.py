@@ -64,7 +64,7 @@ def test_sigkill_with_live_state_between_stored_checkpoints(local_ray, run_dirs)
     recovery needs them. Rank 1 is killed (a second time once the group grew back): rank 0 holds the
     state, so the run ends with a fault-free run's state and at most one step redone per kill. (Were
     the only holder lost, the run would go back to the last stored checkpoint: the cadence's price.)"""
-    trainer = chaos_trainer(run_dirs, (1, 2), checkpoint_config=et.CheckpointConfig(persist_every_n_reports=5))
+    trainer = chaos_trainer(run_dirs, (1, 2), checkpoint_config=et.CheckpointConfig(store_every_n_reports=5))
     _run(run_dirs, trainer, 2, schedules.every(3.0, 2), "sigkill", "rank:1")
 
 

@@ -1,0 +1,400 @@
+"""The torch.distributed process group of one generation: join, abort, leave.
+
+A survivor keeps its process across generations; only the group is torn down and rebuilt. Each
+generation's group is this process's *default* group, so `dist.all_reduce(x)`, `dist.get_rank()` and
+DDP without a named group work unchanged and see the generation's world (where loops go on in place,
+through a `WorldGroup` that follows the loop into later generations: worker/group/world.py). `abort(g)` acts only on
+generation `g`'s group, at once, from any thread (gloo: its TCP connections are shut down; NCCL:
+non-blocking communicators aborted), also while that group is still forming; `leave()` tears the
+group down off the training thread, with a deadline. docs/process_group.md: why each step, what was
+measured, and what was not used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any, NoReturn
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from elastic_train.protocol import Assignment
+from elastic_train.worker.group.nccl_env import apply_nccl_env
+from elastic_train.worker.group.world import WorldGroup, forget, install
+
+logger = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+Connection = tuple[int, Address, Address]  # descriptor, local end, remote end
+
+
+class GenerationGroup:
+    """Owns the default process group of the generation this worker belongs to."""
+
+    def __init__(
+        self,
+        backend: str,
+        rendezvous_timeout_s: float,
+        collective_timeout_s: float,
+        destroy_timeout_s: float,
+        in_place: bool = False,
+    ):
+        self.backend = backend
+        self._in_place = in_place and backend == "gloo"  # the default group is the process's WorldGroup
+        self._rendezvous_timeout_s = rendezvous_timeout_s
+        self._collective_timeout_s = collective_timeout_s
+        self._destroy_timeout_s = destroy_timeout_s
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # an abort, or the store's connect done
+        self._generation: int | None = None  # the generation joined (or joining)
+        self._group: dist.ProcessGroup | None = None  # its default group, once formed
+        self._store: dist.TCPStore | None = None
+        self._aborted = threading.Event()
+        self._listeners: list[Address] | None = None  # gloo: each rank's listening address
+        self._fallback: list[Connection] = []  # gloo, when the listeners could not be read
+        self._rank = -1
+        self._aborting: threading.Thread | None = None  # NCCL: the abort under way
+        self._teardown: _Teardown | None = None  # the previous generation's group, going away
+
+    # -- join -----------------------------------------------------------------------------------
+    def join(self, assignment: Assignment) -> None:
+        """Rendezvous with the generation's other ranks and make their group this process's default one."""
+        self._await_teardown()
+        with self._lock:
+            self._generation, self._group, self._rank = assignment.generation, None, assignment.rank
+            self._aborted.clear()
+            self._listeners, self._fallback = None, []
+        store = self._open_store(assignment)
+        with self._lock:
+            if self._aborted.is_set():
+                self._raise_aborted()
+            self._store = store  # from here an abort shuts down its connections
+        before = _established() if self.backend == "gloo" else set()
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore(f"generation/{assignment.generation}/", self._store),
+            rank=assignment.rank,
+            world_size=assignment.world_size,
+            timeout=timedelta(seconds=self._collective_timeout_s),
+            **(self._nccl_options() if self.backend == "nccl" else {}),
+        )
+        _export_env(assignment)
+        group = dist.group.WORLD
+        listeners, fallback = None, []
+        if self.backend == "gloo":
+            listeners = _gloo_listeners(group, assignment.rank, assignment.world_size)
+            if listeners is None:
+                fallback = [c for c in _connections() if (c[1], c[2]) not in before]
+        if self._in_place:
+            install(group)
+        with self._lock:
+            self._group, self._listeners, self._fallback = group, listeners, fallback
+            if self._aborted.is_set():  # an abort of this generation came while its group was forming
+                self._abort_locked()
+
+    def _open_store(self, assignment: Assignment) -> dist.TCPStore:
+        """The generation's store: served by rank 0 (which does not wait for the others here: that wait
+        could not be interrupted; the rendezvous' own waits can), reached by the others from a helper
+        thread, so that an abort ends the wait for a rank 0 that never serves it."""
+        def open_store() -> dist.TCPStore:
+            return dist.TCPStore(
+                assignment.master_addr,
+                assignment.master_port,
+                assignment.world_size,
+                is_master=assignment.rank == 0,
+                timeout=timedelta(seconds=self._rendezvous_timeout_s),
+                wait_for_workers=False,
+            )
+
+        if assignment.rank == 0:
+            return open_store()
+        opened: Future[dist.TCPStore] = Future()
+
+        def connect() -> None:
+            try:
+                opened.set_result(open_store())
+            except BaseException as exc:  # noqa: BLE001 - handed to the join, which raises it
+                opened.set_exception(exc)
+            with self._changed:
+                self._changed.notify_all()
+
+        threading.Thread(target=connect, daemon=True, name=f"elastic-train-store-{assignment.generation}").start()
+        with self._changed:
+            self._changed.wait_for(lambda: opened.done() or self._aborted.is_set())
+            if not opened.done():
+                self._raise_aborted()
+        return opened.result()
+
+    def _raise_aborted(self) -> NoReturn:
+        raise RuntimeError(f"generation {self._generation} ended while this worker was joining its group")
+
+    def _nccl_options(self) -> dict[str, Any]:
+        """A non-blocking communicator (abortable while an op is in flight), made at once on this GPU."""
+        apply_nccl_env(self._rendezvous_timeout_s)
+        options = dist.ProcessGroupNCCL.Options()
+        options.config.blocking = False
+        options.is_high_priority_stream = False
+        return {"pg_options": options, "device_id": torch.device("cuda", torch.cuda.current_device())}
+
+    # -- abort ----------------------------------------------------------------------------------
+    def abort(self, generation: int) -> bool:
+        """Make every operation of `generation`'s group, in flight or future, fail at once; False if
+        this worker's group is of another generation (a late abort). Thread-safe, does not block."""
+        with self._lock:
+            if generation != self._generation:
+                logger.info("abort of generation %d ignored: this worker's group is of generation %s",
+                            generation, self._generation)
+                return False
+            if not self._aborted.is_set():
+                self._aborted.set()
+                self._changed.notify_all()
+                if self._group is not None:
+                    self._abort_locked()
+                elif self._store is not None:  # forming: its store waits fail (join aborts the group if formed)
+                    self._shut_down_store()
+            return True
+
+    def _shut_down_store(self) -> None:
+        master = (self._store.host, self._store.port)
+        closed = sum(_shut_down(*c) for c in _connections() if _matches(c[1], master) or _matches(c[2], master))
+        logger.info("generation %s ended while its group formed: shut down %d store connections", self._generation,
+                    closed)
+
+    def _abort_locked(self) -> None:
+        if self.backend == "gloo":
+            if self._listeners is not None:
+                connections = _gloo_connections(self._listeners, self._rank)
+            else:
+                connections = self._fallback
+            closed = sum(_shut_down(*c) for c in connections)
+            logger.info("aborted the group of generation %s: shut down %d gloo connections", self._generation, closed)
+        else:
+            groups = _registered_groups()
+            logger.info("aborting the group of generation %s (%d process groups)", self._generation, len(groups))
+            self._aborting = threading.Thread(
+                target=_abort_groups, args=(groups, self._generation), daemon=True,
+                name=f"elastic-train-abort-{self._generation}",
+            )
+            self._aborting.start()
+
+    @property
+    def aborted(self) -> bool:
+        """Was the current generation's group aborted?"""
+        return self._aborted.is_set()
+
+    # -- leave ----------------------------------------------------------------------------------
+    def leave(self) -> None:
+        """Let the generation's group go; the process stays, ready for the next generation. Does not
+        block: the backends are torn down on a thread of their own, which the next join awaits."""
+        with self._lock:
+            generation, aborted, aborting = self._generation, self._aborted.is_set(), self._aborting
+            self._generation, self._group, self._store, self._aborting = None, None, None, None
+            self._listeners, self._fallback = None, []
+            forget()
+            try:
+                groups = _forget_groups()
+            except AttributeError as exc:  # another c10d layout: destroy here, blocking, as torch does
+                logger.warning("c10d's registry has another layout (%s): destroying the group on this thread", exc)
+                groups = []
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        if groups or aborting is not None:
+            self._teardown = _Teardown(generation, groups, self.backend, aborted, aborting)
+            self._teardown.start()
+
+    def _await_teardown(self) -> None:
+        teardown, self._teardown = self._teardown, None
+        if teardown is not None and not teardown.finished(self._destroy_timeout_s):
+            logger.error(
+                "the process group of generation %s was not torn down within destroy_timeout_s=%ss; going on "
+                "without it (what it holds stays held)", teardown.generation, self._destroy_timeout_s,
+            )
+
+
+class _Teardown(threading.Thread):
+    """Aborts (NCCL) or shuts down (gloo) a left generation's groups and drops the last references to
+    them, so that their destructors, which join c10d's threads, run here and not on the training thread."""
+
+    def __init__(self, generation: int | None, groups: list[dist.ProcessGroup], backend: str, aborted: bool,
+                 aborting: threading.Thread | None):
+        super().__init__(daemon=True, name=f"elastic-train-teardown-{generation}")
+        self.generation = generation
+        self._groups, self._backend, self._aborted, self._aborting = groups, backend, aborted, aborting
+        self._started_at = time.monotonic()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self._backend == "gloo":
+                for group in self._groups:
+                    try:
+                        group.shutdown()
+                    except Exception as exc:  # noqa: BLE001 - an aborted group may refuse; it goes either way
+                        logger.debug("shutdown of a group of generation %s: %s", self.generation, exc)
+            elif self._aborting is not None:  # the abort under way tears the NCCL group down
+                self._aborting.join()
+            elif not self._aborted:
+                _abort_groups(self._groups, self.generation)
+            self._groups.clear()
+        finally:
+            self._done.set()
+
+    def finished(self, timeout_s: float) -> bool:
+        """Wait until the teardown is done, at most `timeout_s` after it started."""
+        return self._done.wait(max(0.0, self._started_at + timeout_s - time.monotonic()))
+
+
+def _export_env(assignment: Assignment) -> None:
+    """The variables torchrun and Ray Train set, for the generation just joined: frameworks (Hugging
+    Face Accelerate, Lightning's environment detection) read the world from them, and they change
+    with every re-form."""
+    os.environ.update({
+        "MASTER_ADDR": assignment.master_addr,
+        "MASTER_PORT": str(assignment.master_port),
+        "RANK": str(assignment.rank),
+        "WORLD_SIZE": str(assignment.world_size),
+        "LOCAL_RANK": str(assignment.local_rank),
+        "LOCAL_WORLD_SIZE": str(assignment.local_world_size),
+        "NODE_RANK": str(assignment.node_rank),
+    })
+
+
+def _abort_groups(groups: list[dist.ProcessGroup], generation: int | None) -> None:
+    """Abort the communicators of `groups`, within one NCCL group call (as c10d's `_abort_process_group`
+    does: separate aborts of several communicators can deadlock each other, pytorch/pytorch#119797)."""
+    started = time.monotonic()
+    nccl = None
+    try:
+        nccl = groups[0]._get_backend(torch.device("cuda")) if groups else None
+    except RuntimeError:
+        pass
+    grouped = nccl is not None and hasattr(nccl, "_group_start")
+    try:
+        if grouped:
+            nccl._group_start()
+        for group in groups:
+            group.abort()
+        if grouped:
+            nccl._group_end()
+        logger.info("aborted the group of generation %s in %.3fs", generation, time.monotonic() - started)
+    except Exception as exc:  # noqa: BLE001 - an abort that fails leaves the teardown to the deadline
+        logger.warning("abort of the group of generation %s: %s", generation, exc)
+
+
+# -- c10d's registry ------------------------------------------------------------------------------
+def _registered_groups() -> list[dist.ProcessGroup]:
+    """The groups in c10d's registry, the newest first (the order `destroy_process_group` uses); not
+    the WorldGroups over them (they hold no group of their own)."""
+    names = dict(dist.distributed_c10d._world.pg_names)  # a copy: the loop's thread may add a group meanwhile
+    return sorted((g for g in names if not isinstance(g, WorldGroup)), key=lambda group: names[group], reverse=True)
+
+
+def _forget_groups() -> list[dist.ProcessGroup]:
+    """Empty c10d's registry as `destroy_process_group()` does after shutting the backends down, and
+    return the groups it held for a teardown elsewhere. A new default group can then be made at once."""
+    c10d = dist.distributed_c10d
+    world = c10d._world
+    registries = (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                  world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state)
+    unregister, update_default = c10d._unregister_all_process_groups, c10d._update_default_pg
+    groups = _registered_groups()
+    update_default(None)
+    for registry in registries:
+        registry.clear()
+    unregister()
+    world.group_count = 0
+    return groups
+
+
+# -- gloo's connections ---------------------------------------------------------------------------
+def _gloo_listeners(group: dist.ProcessGroup, rank: int, world_size: int) -> list[Address] | None:
+    """Each rank's gloo listening address, from gloo's own rendezvous records in the group's store
+    (key `<group>/cpu/<device index>/<rank>`: hostname, device address, pair ids; see `Rank::bytes` in
+    gloo/transport/tcp/context.cc). None if they cannot be read or this rank's is not its listener."""
+    try:
+        store = dist.PrefixStore("0", dist.PrefixStore("cpu/", group.get_group_store()))
+        listeners = [_parse_gloo_rank(store.get(str(r))) for r in range(world_size)]
+    except Exception as exc:  # noqa: BLE001 - another gloo layout: fall back, loudly
+        logger.warning("gloo's rendezvous records could not be read (%s); abort() falls back to the connections "
+                       "opened while the group formed, which may include other threads' sockets", exc)
+        return None
+    own = {_address(c.laddr) for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    if not any(_matches(a, listeners[rank]) for a in own):
+        logger.warning("gloo's record of rank %d (%s) is not a listening socket of this process; abort() falls "
+                       "back to the connections opened while the group formed", rank, listeners[rank])
+        return None
+    return listeners
+
+
+def _parse_gloo_rank(data: bytes) -> Address:
+    """The listening address in a gloo TCP `Rank` record: size_t + hostname, size_t + address
+    (a sockaddr_storage, then a sequence number), then the pair ids."""
+    (hostname_size,) = struct.unpack_from("=Q", data, 0)
+    offset = 8 + hostname_size
+    (address_size,) = struct.unpack_from("=Q", data, offset)
+    sockaddr = data[offset + 8 : offset + 8 + address_size]
+    (family,) = struct.unpack_from("=H", sockaddr, 0)
+    (port,) = struct.unpack_from("!H", sockaddr, 2)
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, sockaddr[4:8]), port
+    if family == socket.AF_INET6:
+        return _address((socket.inet_ntop(socket.AF_INET6, sockaddr[8:24]), port))
+    raise ValueError(f"address family {family} in a gloo rank record")
+
+
+def _gloo_connections(listeners: list[Address], rank: int) -> list[Connection]:
+    """This process's connections of the group: accepted by this rank's listener, or made to a peer's."""
+    own, peers = listeners[rank], [a for r, a in enumerate(listeners) if r != rank]
+    return [c for c in _connections() if _matches(c[1], own) or any(_matches(c[2], p) for p in peers)]
+
+
+def _connections() -> list[Connection]:
+    return [(c.fd, _address(c.laddr), _address(c.raddr))
+            for c in psutil.Process().net_connections("tcp") if c.fd >= 0 and c.raddr]
+
+
+def _established() -> set[tuple[Address, Address]]:
+    return {(local, remote) for _, local, remote in _connections()}
+
+
+def _shut_down(fd: int, local: Address, remote: Address) -> bool:
+    """Shut down the connection `local`-`remote` at `fd`, if `fd` still is that connection."""
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return False  # closed meanwhile
+    try:
+        sock = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return False  # the descriptor was reused for something else than a socket
+    with sock:
+        try:
+            if _address(sock.getsockname()) != local or _address(sock.getpeername()) != remote:
+                return False  # the descriptor was reused for another socket
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False  # not connected (any more)
+
+
+def _address(address: Any) -> Address:
+    """(ip, port) of a psutil or socket address; IPv4-mapped IPv6 addresses as plain IPv4."""
+    ip, port = address[0], address[1]
+    return (ip[7:] if ip.startswith("::ffff:") and "." in ip else ip), port
+
+
+def _matches(address: Address, listener: Address) -> bool:
+    """Same port, and the same IP unless one of them is a wildcard (bound to all interfaces)."""
+    wildcards = ("0.0.0.0", "::")
+    return address[1] == listener[1] and (
+        address[0] == listener[0] or address[0] in wildcards or listener[0] in wildcards
+    )
