@@ -358,4 +358,4 @@ def _tune_trial() -> tuple[str | None, str | None]:
         return context.get_trial_name(), context.get_trial_id()
 
 
-__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint", "attach"]  # attach: README, to find a live run
+__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint", "attach"]  # attach: to find a live run (docs/operations/seeing_a_run.md)

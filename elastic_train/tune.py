@@ -2,7 +2,7 @@
 extra). A trainer is a trainable (Ray Train V1's Tuner pattern: each trial fits a copy built from its
 config, and ends cleanly when Tune stops it), and `TuneReportCallback` reports a run's metrics to
 the trial that runs it (V2's function trainables). How trials are named, resumed, checkpointed and
-sized: README, "Ray Tune".
+sized: docs/integrations/tune.md.
 """
 
 from __future__ import annotations

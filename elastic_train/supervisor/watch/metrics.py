@@ -3,7 +3,7 @@
 Ray's metrics agent (installed with `ray[default]`, as on every real Ray cluster) serves them on
 each node's metrics export port to Prometheus, and the dashboard's Grafana panels read them there:
 no server of ours. Ray prefixes every name with `ray_`. Every series carries the run's name (`run`);
-per-worker ones its `rank` and `node` too. The README lists them.
+per-worker ones its `rank` and `node` too. docs/operations/seeing_a_run.md lists them.
 
 The supervisor records them all: it sees every event, report, upload and heartbeat of the run. What
 it records is derived here from what it tells (`on_event`, `made`, `uploaded`, `sample`).
