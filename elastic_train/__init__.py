@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from elastic_train.unsupported import lazy_getattr, ray_train_getattr
+from elastic_train.unsupported import lazy_getattr, ray_train_getattr, refuse_unsupported_modules
 
 if TYPE_CHECKING:
     from elastic_train import torch
@@ -55,6 +55,7 @@ _WHERE = {  # name -> the module that defines it
 # A public name, imported on first use; `elastic_train.torch` as `ray.train.torch`; a Ray Train name
 # elastic_train does not provide fails with what to use instead (unsupported.py).
 __getattr__ = lazy_getattr(globals(), _WHERE, ray_train_getattr)
+refuse_unsupported_modules()  # `from elastic_train.tensorflow import ...` too
 
 
 def __dir__() -> list[str]:

@@ -39,6 +39,7 @@ class LoopSpec:
     train_config: dict[str, Any] | None  # None: the loop takes no argument
     initial_checkpoint: Checkpoint | None = None  # TorchTrainer(resume_from_checkpoint=): until the run has its own
     datasets: Mapping[str, Any] = field(default_factory=dict)  # ingest/config.py DatasetSource by name
+    data_context: Any = None  # with datasets: the driver's ray.data.DataContext, the workers' too (as in Ray)
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,12 @@ class DataParallelTrainer:
             raise ConfigError(f"datasets must map names to Ray Data datasets, got {type(datasets).__name__}.")
         self.datasets = dict(datasets or {})
         self.dataset_config = dataset_config
+        self._data_context = None  # with datasets, the driver's ray.data.DataContext now, for the workers
         if self.datasets or dataset_config is not None:
-            from elastic_train.ingest.config import check_datasets
+            from elastic_train.ingest.config import check_datasets, driver_data_context
 
             self.dataset_config = check_datasets(self.datasets, dataset_config)
+            self._data_context = driver_data_context() if self.datasets else None
         self._loop_takes_config = check_loop(train_loop_per_worker, train_loop_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config) if train_loop_config is not None else None
@@ -194,9 +196,14 @@ class DataParallelTrainer:
                 raise ConfigError("fit() is already running on this trainer; make another trainer to run another.")
             self._fitting = True
             self._idle.clear()
+        # Ray's local mode (num_workers=0) runs the loop without Ray; here it runs in one worker, on a
+        # Ray instance that is stopped again if this fit() started it, so a later ray.init() works.
+        local_ray = self.scaling_config.num_workers == 0 and not ray.is_initialized()
         try:
             return self._fit()
         finally:
+            if local_ray:
+                ray.shutdown()
             with self._lock:
                 self._fitting, self._supervisor, self._stop_reason = False, None, None
                 self._idle.set()
@@ -238,7 +245,7 @@ class DataParallelTrainer:
         from elastic_train.ingest.config import prepare_datasets
 
         sources = prepare_datasets(self.datasets, self.dataset_config, self.scaling_config.total_resources.get("CPU", 0))
-        loop = dataclasses.replace(loop, datasets=start_coordinators(name, sources))
+        loop = dataclasses.replace(loop, datasets=start_coordinators(name, sources), data_context=self._data_context)
         try:
             return self._run(spec_of(loop), run, elastic)
         finally:

@@ -11,6 +11,8 @@ too for these names, rather than answer False.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import sys
 from typing import Any, Callable, Mapping
 
 _VALIDATION = (
@@ -47,8 +49,33 @@ TORCH_NAMES: Mapping[str, str] = {
 }
 
 
+_PYTORCH_ONLY = ("elastic_train trains PyTorch: use elastic_train.torch.TorchTrainer (PyTorch Lightning: "
+                 "elastic_train.lightning; Hugging Face Transformers: elastic_train.huggingface).")
+
+# Ray Train's modules for other frameworks (`ray.train.<name>`, and `ray.train.v2.<name>`).
+MODULES: Mapping[str, str] = dict.fromkeys(("tensorflow", "xgboost", "lightgbm", "horovod", "jax"), _PYTORCH_ONLY)
+
+
 class UnsupportedAPIError(ImportError):
     """A name of Ray Train's API that elastic_train does not provide; the message says what to use instead."""
+
+
+class _UnsupportedModules(importlib.abc.MetaPathFinder):
+    """Consulted after every other finder, so only for a module that does not exist: one of `MODULES`
+    fails with what to use instead, rather than a bare ModuleNotFoundError."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        package, _, name = fullname.rpartition(".")
+        if package in ("elastic_train", "elastic_train.v2") and name in MODULES:
+            ray_module = f"ray.train.{fullname.removeprefix('elastic_train.')}"
+            raise UnsupportedAPIError(f"{fullname} ({ray_module}) is not supported: {MODULES[name]}", name=fullname)
+        return None
+
+
+def refuse_unsupported_modules() -> None:
+    """Make `import elastic_train.tensorflow` (and the other `MODULES`) say why it fails (once per process)."""
+    if not any(isinstance(finder, _UnsupportedModules) for finder in sys.meta_path):
+        sys.meta_path.append(_UnsupportedModules())
 
 
 def unsupported_getattr(module: str, ray_module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
@@ -84,5 +111,5 @@ def lazy_getattr(namespace: dict[str, Any], where: Mapping[str, str],
 ray_train_getattr = unsupported_getattr("elastic_train", "ray.train", TRAIN_NAMES)
 ray_train_torch_getattr = unsupported_getattr("elastic_train.torch", "ray.train.torch", TORCH_NAMES)
 
-__all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "TORCH_NAMES", "lazy_getattr", "ray_train_getattr",
-           "ray_train_torch_getattr"]
+__all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "TORCH_NAMES", "MODULES", "lazy_getattr", "ray_train_getattr",
+           "ray_train_torch_getattr", "refuse_unsupported_modules"]

@@ -459,6 +459,22 @@ def test_unsupported_ray_train_torch_name_says_what_to_use(name):
         exec(f"from elastic_train.torch import {name}", {})
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("module, trainer", [("tensorflow", "TensorflowTrainer"), ("xgboost", "XGBoostTrainer"),
+                                             ("lightgbm", "LightGBMTrainer"), ("horovod", "HorovodTrainer"),
+                                             ("v2.jax", "JaxTrainer")])
+def test_rays_trainers_for_other_frameworks_say_what_to_use(module, trainer):
+    """Ray's trainers for other frameworks, named in the documents users read: importing one says why
+    it fails and what to use, as every other Ray name we do not provide does, not a bare
+    ModuleNotFoundError; a module that is nobody's stays a ModuleNotFoundError."""
+    with pytest.raises(UnsupportedAPIError, match=rf"elastic_train\.{re.escape(module)} \(ray\.train\."
+                                                  rf"{re.escape(module)}\) is not supported: elastic_train trains "
+                                                  r"PyTorch: use elastic_train\.torch\.TorchTrainer"):
+        exec(f"from elastic_train.{module} import {trainer}", {})
+    with pytest.raises(ModuleNotFoundError):
+        exec("import elastic_train.no_such_module", {})
+
+
 def test_other_missing_names_are_plain_attribute_errors():
     assert not hasattr(train, "no_such_name")
     assert not hasattr(train.torch, "no_such_name")
@@ -721,6 +737,19 @@ def test_scaling_config_total_resources_is_what_the_workers_ask_for_at_most():
     assert (local.min_workers, local.max_workers, local.total_resources) == (1, 1, {"CPU": 1})
 
 
+@pytest.mark.timeout(10)
+def test_scaling_config_asks_for_the_resources_ray_asks_for():
+    """As Ray's `_resources_per_worker_not_none`: a GPU worker asks for no CPU unless told (a GPU node may
+    have few CPUs per GPU), `resources_per_worker` is taken as given, and `use_gpu` agrees with it."""
+    assert ScalingConfig(use_gpu=True).total_resources == {"GPU": 1}
+    assert ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 1}).total_resources == {
+        "CPU": 2, "GPU": 2}
+    assert ScalingConfig(resources_per_worker={"memory": 2**30}).worker_resources() == {"memory": 2**30}
+    with pytest.raises(ValueError, match="`use_gpu` is False but `GPU` was found in"):
+        ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"GPU": 1})
+    assert ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0}).worker_resources() == {"GPU": 1}
+
+
 # == 3. report() and its keywords ==================================================================
 def _run(run_dirs, loop, num_workers=2, name="run", checkpoint_config=None, **config):
     return TorchTrainer(loop, train_loop_config={"log_dir": run_dirs["log_dir"], **config},
@@ -762,6 +791,47 @@ def test_every_reported_checkpoint_is_kept_and_sync_returns_once_committed(local
         assert line["reported"] == list(range(line["epoch"] + 1)), line
     with result.checkpoint.as_directory() as d:
         assert torch.load(os.path.join(d, "model.pt"))["epoch"] == 2
+
+
+def latest_checkpoint_loop(config):
+    """Ray's test_report_mixed_checkpoint_upload_modes, shortened: two ranks report in different modes in
+    one round, and after each report get_checkpoint() answers what Ray's does: the checkpoint as
+    reported (NO_UPLOAD), the stored one (SYNC; ASYNC once committed), the same one after a report
+    without a checkpoint."""
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    modes = [["ASYNC", "SYNC", "NO_UPLOAD", None], ["SYNC", None, "NO_UPLOAD", "ASYNC"]][rank]
+    for i, mode in enumerate(modes):
+        name, checkpoint = f"iteration_{i}", None
+        if mode is not None:
+            folder = (ctx.get_storage().build_checkpoint_path_from_name(name) if mode == "NO_UPLOAD"
+                      else os.path.join(config["log_dir"], f"{name}_{rank}"))
+            os.makedirs(folder, exist_ok=True)
+            Path(folder, f"shard_{rank}").write_text(str(i))
+            checkpoint = Checkpoint(folder)
+        before = train.get_checkpoint()
+        train.report({"i": i}, checkpoint=checkpoint, checkpoint_dir_name=name if mode else None,
+                     checkpoint_upload_mode=CheckpointUploadMode[mode or "ASYNC"])
+        latest = train.get_checkpoint()
+        if mode == "ASYNC":  # Ray's moves to it once its upload is done
+            latest = wait_for(lambda: (lambda c: c if c is not None and c.path.endswith(name) else None)(
+                train.get_checkpoint()), 60, f"get_checkpoint() to answer {name}")
+        log_progress(config["log_dir"], rank=rank, i=i, mode=mode, name=name, before=before and before.path,
+                     latest=latest and latest.path, as_reported=checkpoint is not None and latest == checkpoint)
+
+
+@pytest.mark.timeout(120)
+def test_get_checkpoint_answers_each_ranks_newest_checkpoint_in_every_upload_mode(local_ray, run_dirs):
+    _run(run_dirs, latest_checkpoint_loop)
+    lines = read_progress(run_dirs["log_dir"])
+    assert len(lines) == 8
+    for line in lines:
+        if line["mode"] is None:
+            assert line["latest"] == line["before"], line
+        elif line["mode"] == "NO_UPLOAD":
+            assert line["as_reported"], line
+        else:
+            assert line["latest"].endswith(line["name"]) and not line["latest"].startswith(run_dirs["log_dir"]), line
 
 
 def committed_on_return_loop(config):

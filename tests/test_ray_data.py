@@ -127,6 +127,32 @@ def test_the_regression_example_goes_on_when_a_worker_is_killed_mid_epoch(data_r
     assert "loss" in result.metrics
 
 
+def data_context_loop(config):
+    """Ray Train's test_data_context_propagation: what the loop reads of its DataContext."""
+    from ray.data import DataContext
+
+    from tests.loops import log_progress
+
+    rows = sum(len(batch["id"]) for batch in et.get_dataset_shard("train").iter_batches())
+    log_progress(config["log_dir"], foo=DataContext.get_current().get_config("foo", None), rows=rows)
+
+
+@pytest.mark.timeout(120)
+def test_a_setting_on_the_drivers_data_context_reaches_every_workers_loop(data_ray, run_dirs):
+    """As in Ray Train: the DataContext the driver holds as it makes the trainer is each worker's."""
+    from ray.data import DataContext
+
+    driver = DataContext.get_current()
+    saved = driver.get_config("foo", None)
+    driver.set_config("foo", "bar")
+    try:
+        trainer = make_trainer(run_dirs, 2, data_context_loop, datasets={"train": _ids(8)})
+    finally:
+        driver.set_config("foo", saved)
+    trainer.fit()
+    assert [(p["foo"], p["rows"]) for p in read_progress(run_dirs["log_dir"])] == [("bar", 4), ("bar", 4)]
+
+
 def _attached(name: str):
     from chaos.targets import RunHandle
 

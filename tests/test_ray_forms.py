@@ -57,8 +57,10 @@ def test_pyarrow_filesystems_are_taken_and_checkpoints_print_as_rays(tmp_path):
     assert as_fsspec(pyarrow.fs.LocalFileSystem()).protocol[0] == "file"
     with pytest.raises(ConfigError, match="pyarrow.fs.FileSystem or an fsspec filesystem, got str"):
         RunConfig(storage_path="x", storage_filesystem="s3")
-    with pytest.raises(ConfigError, match="needs storage_path"):
-        RunConfig(storage_filesystem=wrapped)
+    config = RunConfig(storage_filesystem=wrapped)  # as Ray takes it: the default storage root, on that filesystem
+    storage = RunStorage(config.resolved_storage_path(), "run", filesystem=config.storage_filesystem)
+    storage.write_part(1, {"model.pt": b"weights"})
+    assert (tmp_path / config.resolved_storage_path().lstrip("/") / "run" / "checkpoint_000001_g0000").is_dir()
     assert repr(Checkpoint("/bucket/ckpt")) == "Checkpoint(filesystem=local, path=/bucket/ckpt)"
     assert repr(Checkpoint("b/ckpt", wrapped)) == "Checkpoint(filesystem=dir, path=b/ckpt)"
     result = train.Result(metrics={"iter": 0}, checkpoint=Checkpoint("/b/c"), error=None, path="/b")
@@ -105,6 +107,7 @@ def test_a_run_on_a_pyarrow_filesystem_in_local_mode_reporting_rays_checkpoints(
                              checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="step")),
     ).fit()
     assert result.metrics["step"] == 3 and result.metrics["size"] == 1
+    assert ray.is_initialized()  # the instance the test started is the test's: left running
     assert "working_dirs" not in result.metrics["cwd"]
     assert result.path == "bucket/forms" and result.checkpoint.path.startswith("bucket/forms/")
     with result.checkpoint.as_directory() as folder:
@@ -120,3 +123,15 @@ def test_a_run_on_a_pyarrow_filesystem_in_local_mode_reporting_rays_checkpoints(
     # storage_options once came second, positionally: still read as such, with a warning.
     with pytest.warns(DeprecationWarning, match="pass storage_options=... by name"):
         assert train.Result.from_path(str(tmp_path / "bucket" / "forms"), {}).metrics["step"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_local_mode_leaves_no_ray_instance_it_started(no_ray, tmp_path):
+    """Ray's local mode (`num_workers=0`) runs the loop without Ray; here it runs in one worker on a Ray
+    instance that fit() starts, and stops again: a later `ray.init()` works, as after Ray's."""
+    result = TorchTrainer(rays_forms_loop, scaling_config=ScalingConfig(num_workers=0),
+                          run_config=RunConfig(name="local", storage_path=str(tmp_path))).fit()
+    assert result.metrics["step"] == 3
+    assert not ray.is_initialized()
+    ray.init(num_cpus=1, include_dashboard=False)
+    ray.shutdown()

@@ -141,16 +141,14 @@ class RunConfig:
     callbacks: list[Any] | None = None
     """`UserCallback`s, called in the driver process as the run goes (`callbacks.py`)."""
     storage_filesystem: Any = None
-    """A filesystem (pyarrow's, as in Ray, or fsspec's) on which `storage_path` is a path."""
+    """A filesystem (pyarrow's, as in Ray, or fsspec's) on which `storage_path` is a path (without one,
+    the default storage root, as in Ray)."""
 
     def __post_init__(self) -> None:
         if self.storage_filesystem is not None:
             if not _is_filesystem(self.storage_filesystem):
                 raise ConfigError("RunConfig(storage_filesystem=...) must be a pyarrow.fs.FileSystem or an fsspec "
                                   f"filesystem, got {type(self.storage_filesystem).__name__}.")
-            if not self.storage_path:
-                raise ConfigError("RunConfig(storage_filesystem=...) needs storage_path: the path on that "
-                                  "filesystem under which the run's folder is made.")
         wrong = [type(c).__name__ for c in self.callbacks or () if not getattr(c, "is_elastic_train_callback", False)]
         if wrong:
             raise ConfigError(

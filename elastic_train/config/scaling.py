@@ -77,6 +77,9 @@ class ScalingConfig:
                 raise ConfigError(
                     f"ScalingConfig.resources_per_worker[{key!r}]={amount!r}: amounts must be numbers >= 0."
                 )
+        if not self.use_gpu and (self.resources_per_worker or {}).get("GPU"):  # Ray Train's check, its message
+            raise ConfigError("`use_gpu` is False but `GPU` was found in `resources_per_worker`. Either set `use_gpu` "
+                              "to True or remove `GPU` from `resources_per_worker`.")
 
     @property
     def min_workers(self) -> int:
@@ -93,9 +96,13 @@ class ScalingConfig:
         return {k: v * self.max_workers for k, v in self.worker_resources().items() if v}
 
     def worker_resources(self) -> dict[str, float]:
-        """The Ray resources one worker actor asks for (1 CPU, plus 1 GPU with use_gpu)."""
-        resources = {"CPU": 1.0}
+        """The Ray resources one worker actor asks for, as Ray Train computes them: `resources_per_worker`
+        as given (its zeros dropped), else 1 CPU, or with `use_gpu` 1 GPU and no CPU (a GPU node has
+        fewer CPUs than GPUs to spare); `use_gpu` adds 1 GPU where none is given."""
+        if self.resources_per_worker is None:
+            resources = {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+        else:
+            resources = {k: float(v) for k, v in self.resources_per_worker.items() if v != 0}
         if self.use_gpu:
-            resources["GPU"] = 1.0
-        resources.update({k: float(v) for k, v in (self.resources_per_worker or {}).items()})
+            resources.setdefault("GPU", 1.0)
         return resources

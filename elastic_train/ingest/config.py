@@ -11,6 +11,7 @@ splits for a world size that changes here).
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -96,6 +97,14 @@ def prepare_datasets(datasets: Mapping[str, Any], config: DataConfig | _RayDataC
         dataset.context.execution_options = options
         sources[name] = DatasetSource(dataset, name in split)
     return sources
+
+
+def driver_data_context() -> Any:
+    """The driver's `ray.data.DataContext` as the trainer is made: each worker's loop runs under it
+    (worker/loop/loaders.py), as Ray Train sets it in each worker of a run with datasets."""
+    from ray.data import DataContext
+
+    return copy.deepcopy(DataContext.get_current())
 
 
 def _split_names(config: Any, datasets: Mapping[str, Any]) -> list[str]:

@@ -81,7 +81,8 @@ class Roster:
         """How many workers the cluster's free resources could host right now."""
         need = self._scaling.worker_resources()
         free = ray.available_resources()
-        return min(int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0)
+        return min((int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0),
+                   default=self._scaling.max_workers)  # a worker that asks for nothing fits anywhere
 
     def top_up(self) -> None:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears. A worker

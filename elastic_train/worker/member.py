@@ -274,9 +274,9 @@ class Member:
             self._store.submit(resumed)
         context = TrainContext(assignment, self._spec.run, self._spec.storage)
         session = TrainSession(SessionSetup(self.worker_id, context, self._spec.checkpointing,
-                                            self._spec.elastic.store_flush_timeout_s, self._loop.initial_checkpoint,
+                                            self._spec.elastic.store_flush_timeout_s, self._loop,
                                             self._spec.elastic.recover_in_place, self._spec.backend,
-                                            self._spec.elastic.sharded_state_budget, self._loop.datasets,
+                                            self._spec.elastic.sharded_state_budget,
                                             self._spec.elastic.part_safe_wait_s),
                                _Host(self))
         set_session(session)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from elastic_train.checkpoint.checkpoint import Checkpoint
 from elastic_train.config import CheckpointConfig
 from elastic_train.protocol import Assignment, HeldCheckpoint, PlaceRead, Position, Report
+from elastic_train.run_spec import LoopSpec
 from elastic_train.worker.hold.parts import Part
 from elastic_train.worker.loop.context import TrainContext
 from elastic_train.worker.store.queue import PartToStore
@@ -29,11 +29,10 @@ class SessionSetup:
     context: TrainContext  # the generation's place, the run, its storage
     checkpointing: CheckpointConfig  # which reported checkpoints are stored (a rank decides for its live parts)
     settle_timeout_s: float  # how long SYNC / NO_UPLOAD reports wait for their commit
-    initial_checkpoint: Checkpoint | None = None  # resume_from_checkpoint: while the run has none of its own
+    loop: LoopSpec  # the checkpoint it starts from (resume_from_checkpoint), its datasets and their DataContext
     recover_in_place: bool = False  # ElasticConfig.recover_in_place
     backend: str = "gloo"  # the run's process groups' (in place is gloo's)
     sharded_state_budget: float = 0.05  # ElasticConfig.sharded_state_budget
-    datasets: Mapping[str, Any] = field(default_factory=dict)  # TorchTrainer(datasets=): ingest/config.py DatasetSource
     part_safe_wait_s: float = 0.05  # ElasticConfig.part_safe_wait_s
 
 

@@ -30,9 +30,15 @@ class StatefulLoader(Protocol):
 class Loaders:
     """A generation's loaders, in the order the loop made them (the order their states are reported)."""
 
-    def __init__(self, resumed: list[dict[str, Any]], datasets: Mapping[str, Any]):
+    def __init__(self, resumed: list[dict[str, Any]], datasets: Mapping[str, Any], data_context: Any = None):
+        """`data_context`: the driver's `ray.data.DataContext`, the loop's from its start, as Ray Train
+        sets it in each worker of a run with datasets."""
         self._resumed = resumed  # the states of the report the generation resumes from
         self._datasets = datasets  # TorchTrainer(datasets=): ingest/config.py DatasetSource by name
+        if data_context is not None:
+            from ray.data import DataContext
+
+            DataContext._set_current(data_context)
         self._loaders: list[StatefulLoader] = []
         self._keys: list[str | None] = []  # each loader's dataset (None: a prepared DataLoader)
         self._shards: dict[str, Any] = {}

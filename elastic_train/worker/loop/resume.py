@@ -26,7 +26,7 @@ from elastic_train.protocol import HeldCheckpoint, ResumePlan
 from elastic_train.worker.hold.live_part import LivePart
 from elastic_train.worker.hold.sharded_state import is_sharded, mesh_of, needed, reshard
 from elastic_train.worker.hold.state_transfer import share
-from elastic_train.worker.loop.host import WorkerServices, SessionSetup
+from elastic_train.worker.loop.host import SessionSetup, WorkerServices
 from elastic_train.worker.store.queue import PartToStore
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Resume:
         """The checkpoint `get_checkpoint()` returns: from storage, or from the holders' memory."""
         plan = self._plan
         if plan is None:
-            return self._setup.initial_checkpoint
+            return self._setup.loop.initial_checkpoint
         if plan.state_only:  # restored into the model by prepare_model: nothing for the loop to load
             return None
         storage = self._setup.context.storage

@@ -19,6 +19,7 @@ import ray
 import torch
 
 from elastic_train.checkpoint.checkpoint import Checkpoint, needs_replica
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.checkpoint.modes import CheckpointUploadMode
 from elastic_train.errors import GenerationEnded, PeerLost
@@ -28,7 +29,7 @@ from elastic_train.worker.group.world import collectives_made
 from elastic_train.worker.hold.kept_state import KeptState
 from elastic_train.worker.hold.live_part import LivePart
 from elastic_train.worker.loop.context import TrainContext
-from elastic_train.worker.loop.host import WorkerServices, SessionSetup
+from elastic_train.worker.loop.host import SessionSetup, WorkerServices
 from elastic_train.worker.loop.loaders import Loaders, StatefulLoader
 from elastic_train.worker.loop.resume import Resume
 from elastic_train.worker.loop.step_clock import StepClock
@@ -57,10 +58,12 @@ class TrainSession:
         self._clock = StepClock()
         self._leaving_at: int | None = None  # the report after which every rank leaves, told alike (preemption_info)
         self.index = self._resume.index
-        self._loaders = Loaders(self._resume.loader_states, setup.datasets)
+        self._loaders = Loaders(self._resume.loader_states, setup.loop.datasets, setup.loop.data_context)
         self._kept: KeptState | None = None  # prepare_model(model, live_state=True)
         self._shares: ShareCopies | None = None  # when a sharded kept state's share is copied
         self._restored: Checkpoint | None = None
+        self._latest: Checkpoint | None = None  # the newest this rank reported, once stored
+        self._pending: tuple[int, int] | None = None  # (generation, index) of a newer one, until it is committed
         self._restored_loaded = False
         self._preemption_calls = 0
         self._collective_calls = 0
@@ -106,6 +109,8 @@ class TrainSession:
                            keeps_state=self._kept is not None, live_due=self._storing.live_due(),
                            stores_every=self._setup.checkpointing.stores_every)
         files, live = None, None
+        if checkpoint is not None and not plan.waits_commit:
+            self._pending = (generation, self.index)  # get_checkpoint() answers it once it is committed
         stepped = self._lockstep.stepped()  # before the report's collectives (a sharded kept state's, the barrier's)
         copy_share = self._shares is not None and self._shares.due(checkpoint is None, self.index, generation)
         if checkpoint is not None:
@@ -180,8 +185,9 @@ class TrainSession:
         reply = self._host.supervisor.report.remote(self.worker_id, report)
         # Made: the next generation resumes from it.
         unwind = self._storing.apply_reply(self.index, reply, held, files, facts, live, replicate)
-        if plan.waits_commit:
-            self._storing.wait_committed(self.index)
+        if plan.waits_commit:  # Ray's get_checkpoint() answers it from now: as reported (NO_UPLOAD), else stored
+            committed = self._storing.wait_committed(self.index)
+            self._latest = checkpoint if mode is CheckpointUploadMode.NO_UPLOAD else self._stored(committed)
         if after.unwind or (after.together and unwind):
             self._leave_report()
 
@@ -321,20 +327,29 @@ class TrainSession:
         return answer
 
     def get_checkpoint(self) -> Checkpoint | None:
+        """As Ray's: the newest checkpoint this rank reported once stored (a SYNC or NO_UPLOAD one as
+        its report returns, an ASYNC one once committed), else the one the loop resumes from."""
         if not self._restored_loaded:
             self._restored = self._resume.checkpoint()
             self._restored_loaded = True
-        return self._restored
+        if self._pending is not None:
+            committed, _ = self._storing.committed(*self._pending, timeout_s=0.0)
+            if committed is not None:
+                self._latest, self._pending = self._stored(committed), None
+        return self._latest if self._latest is not None else self._restored
+
+    def _stored(self, committed: CommittedCheckpoint) -> Checkpoint:
+        storage = self.context.storage
+        return Checkpoint(storage.folder(committed.attempt), storage.fs, committed.manifest)
 
     def reported_checkpoints(self, timeout_s: float | None) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """Every committed checkpoint of the run so far (after those this worker reported settle, or
         `timeout_s`, by default store_flush_timeout_s)."""
-        storage = self.context.storage
         self._host.flush_reports(self._setup.settle_timeout_s)  # reports sent in batches are recorded first
         found = ray.get(self._host.supervisor.reported_checkpoints.remote(
             self.context.assignment.generation, self.index,
             self._setup.settle_timeout_s if timeout_s is None else timeout_s))
-        return [(Checkpoint(storage.folder(c.attempt), storage.fs, c.manifest), metrics) for c, metrics in found]
+        return [(self._stored(c), metrics) for c, metrics in found]
 
     # -- for prepare_model and prepare_data_loader -----------------------------------------------
     def keep_state(self, model: torch.nn.Module) -> None:

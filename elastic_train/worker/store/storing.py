@@ -12,11 +12,12 @@ from typing import Any
 
 import ray
 
+from elastic_train.checkpoint.layout import CommittedCheckpoint
 from elastic_train.checkpoint.manifest import facts_soon
 from elastic_train.errors import CheckpointError, GenerationEnded
 from elastic_train.protocol import HeldCheckpoint, ReportReply
 from elastic_train.worker.hold.live_part import LivePart
-from elastic_train.worker.loop.host import WorkerServices, SessionSetup
+from elastic_train.worker.loop.host import SessionSetup, WorkerServices
 from elastic_train.worker.store.queue import PartToStore
 
 logger = logging.getLogger(__name__)
@@ -114,12 +115,17 @@ class PartStoring:
             part.files = files
         return part
 
-    def wait_committed(self, index: int) -> None:
+    def committed(self, generation: int, index: int, timeout_s: float) -> tuple[CommittedCheckpoint | None, bool]:
+        """Checkpoint `index` of `generation` once committed (None: not within `timeout_s`, or never), and
+        whether `generation` is over."""
+        return ray.get(self._host.supervisor.checkpoint_settled.remote(generation, index, timeout_s))
+
+    def wait_committed(self, index: int) -> CommittedCheckpoint:
         """SYNC / NO_UPLOAD: return once checkpoint `index` is committed in storage."""
         timeout_s = self._setup.settle_timeout_s
-        committed, over = ray.get(self._host.supervisor.checkpoint_settled.remote(self._generation, index, timeout_s))
+        committed, over = self.committed(self._generation, index, timeout_s)
         if committed is not None:
-            return
+            return committed
         if over or self._host.generation_ended():  # a peer was lost before storing its part: the group re-forms
             raise GenerationEnded()
         raise CheckpointError(
