@@ -10,6 +10,18 @@ RAY_CHDIR_TO_TRIAL_DIR = "RAY_CHDIR_TO_TRIAL_DIR"
 directory instead of the run's working directory (worker/loop/context.py `working_dir`)."""
 
 
+TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S = "TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"
+"""Seconds a generation's torch process group is given to be torn down before a worker goes on
+without it, where the driver's environment sets it: `ElasticConfig.process_group_destroy_timeout_s`
+(0: do not wait)."""
+
+
+def torch_shutdown_timeout_s() -> float | None:
+    """`TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S` as the driver's environment sets it, else None."""
+    value = os.environ.get(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S)
+    return float(value) if value else None
+
+
 def working_dirs_root() -> str:
     """The folder holding each run's working directory on a machine (Ray's holds `<run name>`, ours
     `<run name>_<hash of its storage folder>`: two runs of one name never share one)."""

@@ -22,7 +22,7 @@ from elastic_train.checkpoint import Checkpoint
 from elastic_train.checkpoint.retry import RetryPolicy
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
-from elastic_train.constants import chdir_to_trial_dir
+from elastic_train.constants import chdir_to_trial_dir, torch_shutdown_timeout_s
 from elastic_train.driver.arguments import as_config, check_loop, checked_metadata
 from elastic_train.driver.follow import Dispatch, follow
 from elastic_train.driver.launch import attach, start_supervisor
@@ -214,6 +214,8 @@ class DataParallelTrainer:
         elastic = run.elastic_config or ElasticConfig()
         if self._torch_config is not None:
             elastic = dataclasses.replace(elastic, collective_timeout_s=float(self._torch_config.timeout_s))
+        if (shutdown_s := torch_shutdown_timeout_s()) is not None:  # Ray's environment variable
+            elastic = dataclasses.replace(elastic, process_group_destroy_timeout_s=shutdown_s)
         storage = RunStorage(run.resolved_storage_path(), name, run.storage_options, RetryPolicy.of(elastic),
                              run.storage_filesystem)
         if storage.process_local:
@@ -365,4 +367,5 @@ def _tune_trial() -> tuple[str | None, str | None]:
         return context.get_trial_name(), context.get_trial_id()
 
 
-__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint", "attach"]  # attach: to find a live run (docs/operations/seeing_a_run.md)
+# attach: to find a live run (docs/operations/seeing_a_run.md)
+__all__ = ["DataParallelTrainer", "TorchTrainer", "Checkpoint", "attach"]

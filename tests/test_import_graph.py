@@ -128,7 +128,7 @@ LAYERS = [
     ["config", "events", "faithful", "checkpoint", "run_spec", "backend", "unsupported"],
     ["run_folder", "worker"],  # a worker runs the loop; it knows nothing of the supervisor or driver
     ["ingest", "supervisor"],
-    ["torch", "api", "collective", "result", "progress", "timeline", "callbacks"],  # the loop's and driver's API
+    ["torch", "api", "context", "collective", "result", "progress", "timeline", "callbacks"],  # the loop's API
     ["driver"],
     ["", "trainer", "tune", "lightning", "huggingface", "v2", "cli", "demo"],  # entry points
 ]

@@ -11,7 +11,7 @@ from elastic_train.config.renamed import renamed
 from elastic_train.errors import ConfigError
 
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
-_MAY_BE_ZERO_S = ("part_safe_wait_s",)  # 0: not at all
+_MAY_BE_ZERO_S = ("part_safe_wait_s", "process_group_destroy_timeout_s")  # 0: not at all
 
 
 def _check_positive(owner: str, name: str, value: float) -> None:
@@ -54,7 +54,8 @@ class ElasticConfig:
     """Per-operation timeout of the torch.distributed process group."""
     process_group_destroy_timeout_s: float = 10.0
     """How long a worker's next join waits for the previous generation's group to be torn down (off
-    the training thread) before it goes on without it. Must be below `rendezvous_timeout_s`."""
+    the training thread) before it goes on without it (0: not at all; Ray's TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+    sets it). Must be below `rendezvous_timeout_s`."""
     supervisor_max_restarts: int = 3
     """How often Ray restarts a supervisor that died; the restarted one adopts the workers (-1: always)."""
     supervisor_adoption_timeout_s: float = 10.0

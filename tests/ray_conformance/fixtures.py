@@ -4,6 +4,7 @@ the ones the conformance files need are written here, as Ray's define them."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -21,6 +22,16 @@ def ray_start_4_cpus():
     info = ray.init(num_cpus=4)
     yield info
     ray.shutdown()
+
+
+@pytest.fixture
+def restore_data_context():
+    """Ray Data's: any change a test makes to the DataContext is undone after it."""
+    from ray.data import DataContext
+
+    original = copy.deepcopy(DataContext.get_current())
+    yield DataContext.get_current()
+    DataContext._set_current(original)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ def port(source: str, to_elastic_train: bool) -> str:
     """`source` with the examples and test utilities it imports renamed to their shared copies and,
     with `to_elastic_train`, the import rule applied."""
     ported = re.sub(rf"\b({_SHARED}\.[A-Za-z_][\w.]*)", lambda m: shared_module(m.group(1)), source)
+    ported = re.sub(r"\bray\.data\.tests\.conftest\b", "conftest", ported)  # Ray Data's fixtures: fixtures.py
     if not to_elastic_train:
         return ported
     ported = re.sub(r"^(\s*)from ray import train\s*$", r"\1import elastic_train as train", ported, flags=re.M)

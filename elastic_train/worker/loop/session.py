@@ -188,6 +188,7 @@ class TrainSession:
         if plan.waits_commit:  # Ray's get_checkpoint() answers it from now: as reported (NO_UPLOAD), else stored
             committed = self._storing.wait_committed(self.index)
             self._latest = checkpoint if mode is CheckpointUploadMode.NO_UPLOAD else self._stored(committed)
+            self._pending = None  # an older ASYNC one, committed since or not, comes before it
         if after.unwind or (after.together and unwind):
             self._leave_report()
 

@@ -1,5 +1,5 @@
-"""Ray Train's `ray.train.collective`: a barrier and a broadcast from rank 0 across the ranks of the
-current generation.
+"""Ray Train's `ray.train.collective.collectives`: a barrier and a broadcast from rank 0 across the
+ranks of the current generation.
 
 They go through the supervisor, not torch.distributed: they work whatever the backend, and a rank
 waiting for a peer that is lost unwinds at once with its generation (the loop is re-entered at the
