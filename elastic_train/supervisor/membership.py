@@ -102,7 +102,7 @@ def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers
     """The next generation of `candidates` (the parked workers ready to join, after `generation`):
     its survivors first, in their order (rank 0 stays rank 0), then newcomers by worker id, at most
     `max_workers` in all."""
-    survivors = [w for w in candidates if w.generation == generation and w.rank >= 0]
+    survivors = [w for w in candidates if w.is_member(generation)]
     kept = {w.worker_id for w in survivors}
     newcomers = [w for w in candidates if w.worker_id not in kept]
     chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[:max_workers]

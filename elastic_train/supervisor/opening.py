@@ -43,8 +43,8 @@ class Openings:
     def going_on(self, candidates: list[WorkerRecord], generation: int) -> tuple[Position | None, str | None]:
         """Where `candidates` go on in place as the next generation (policy.in_place), or why they would
         not compute there what a re-entered loop computes (then None, and the reason: policy.unfaithful)."""
-        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.generation == generation
-                              and w.rank >= 0 else None for w in candidates], [w.rank for w in candidates])
+        at = policy.in_place([w.outcome.in_place if w.outcome is not None and w.is_member(generation) else None
+                              for w in candidates], [w.rank for w in candidates])
         if at is None:
             return None, None
         placements = plan_generation(candidates, generation, self._scaling.max_workers, False).placements
@@ -62,7 +62,7 @@ class Openings:
 
     def plan(self, candidates: list[WorkerRecord], generation: int) -> Opening:
         """The next generation after `generation`, from the workers parked for it."""
-        survivors = [w for w in candidates if w.generation == generation and w.rank >= 0]
+        survivors = [w for w in candidates if w.is_member(generation)]
         at, why = self.going_on(survivors, generation)
         if at is not None and len(survivors) < len(candidates):
             newest = self.newest_state(candidates)
