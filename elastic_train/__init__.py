@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from elastic_train.unsupported import lazy_getattr, ray_train_getattr, refuse_unsupported_modules
+from elastic_train.unsupported import lazy_getattr, refuse_unsupported_modules, unsupported_getattr
 
 if TYPE_CHECKING:
     from elastic_train import torch
@@ -21,13 +21,14 @@ if TYPE_CHECKING:
     from elastic_train.checkpoint import Checkpoint
     from elastic_train.checkpoint.modes import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpointStatus
     from elastic_train.config import CheckpointConfig, ElasticConfig, FailureConfig, RunConfig, ScalingConfig
-    from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, PreemptionError, StorageError,
-                                      TrainingFailedError, WorkerGroupError)
+    from elastic_train.errors import (CheckpointError, ConfigError, ControllerError, NCCLHangError, PreemptionError,
+                                      StorageError, TrainingFailedError, WorkerGroupError)
     from elastic_train.ingest.config import TRAIN_DATASET_KEY, DataConfig
     from elastic_train.protocol import PreemptionInfo
     from elastic_train.result import Result
     from elastic_train.trainer import DataParallelTrainer, TorchTrainer
-    from elastic_train.unsupported import UnsupportedAPIError
+    from elastic_train.unsupported import (LoggingConfig, SyncConfig, UnsupportedAPIError, ValidationConfig,
+                                           ValidationFn, ValidationTaskConfig)
     from elastic_train.worker.loop.context import TrainContext
 
 _WHERE = {  # name -> the module that defines it
@@ -41,20 +42,21 @@ _WHERE = {  # name -> the module that defines it
     **dict.fromkeys(["CheckpointConfig", "ElasticConfig", "FailureConfig", "RunConfig", "ScalingConfig"],
                     "elastic_train.config"),
     **dict.fromkeys(["TrainRunContext", "UserCallback"], "elastic_train.callbacks"),
-    **dict.fromkeys(["CheckpointError", "ConfigError", "ControllerError", "PreemptionError", "StorageError",
-                     "TrainingFailedError", "WorkerGroupError"], "elastic_train.errors"),
+    **dict.fromkeys(["CheckpointError", "ConfigError", "ControllerError", "NCCLHangError", "PreemptionError",
+                     "StorageError", "TrainingFailedError", "WorkerGroupError"], "elastic_train.errors"),
     "Result": "elastic_train.result",
     "BackendConfig": "elastic_train.backend",
     **dict.fromkeys(["DataParallelTrainer", "TorchTrainer"], "elastic_train.trainer"),
     "TrainContext": "elastic_train.worker.loop.context",
-    "UnsupportedAPIError": "elastic_train.unsupported",
+    **dict.fromkeys(["UnsupportedAPIError", "SyncConfig", "LoggingConfig", "ValidationConfig", "ValidationFn",
+                     "ValidationTaskConfig"], "elastic_train.unsupported"),
     "torch": "elastic_train.torch",
 }
 
 
 # A public name, imported on first use; `elastic_train.torch` as `ray.train.torch`; a Ray Train name
-# elastic_train does not provide fails with what to use instead (unsupported.py).
-__getattr__ = lazy_getattr(globals(), _WHERE, ray_train_getattr)
+# elastic_train does not provide is imported, and says what to use instead when built (unsupported.py).
+__getattr__ = lazy_getattr(globals(), _WHERE, unsupported_getattr("elastic_train", "ray.train", {}))
 refuse_unsupported_modules()  # `from elastic_train.tensorflow import ...` too
 
 

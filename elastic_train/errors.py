@@ -50,6 +50,12 @@ class WorkerGroupError(TrainingFailedError):
         return self._error_message, self.worker_failures
 
 
+
+class NCCLHangError(WorkerGroupError):
+    """Ray Train's error for a hung NCCL collective, here so that code catching it runs: it is never
+    raised, as a hung collective does not end the run here. It is detected (ElasticConfig.progress_timeout_s,
+    collective_timeout_s), and the group is aborted and re-formed in place."""
+
 class ControllerError(TrainingFailedError):
     """The run failed outside the user's code: capacity never came (`min_workers_timeout_s`),
     storage refused a write, the supervisor died for good, or a `UserCallback` raised (as in Ray

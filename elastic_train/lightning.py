@@ -340,10 +340,18 @@ class RayFSDPStrategy(_ForLightning):
             "tested on. Use RayDDPStrategy (add global_batch_size=... for world-size-independent steps).")
 
 
+class RayDeepSpeedStrategy:
+    """Ray's DeepSpeed strategy, named so that code importing it beside RayDDPStrategy runs, and refused
+    when one is built."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise ConfigError(
+            "RayDeepSpeedStrategy is not supported: DeepSpeed's ZeRO checkpoints are partitioned by world size, so "
+            "a run cannot resume in place at another size from them, and DeepSpeed is not installed with "
+            "elastic_train. Use RayDDPStrategy.")
+
+
 _UNSUPPORTED = {
-    "RayDeepSpeedStrategy": (
-        "DeepSpeed's ZeRO checkpoints are partitioned by world size, so a run cannot resume in place at another "
-        "size from them, and DeepSpeed is not installed with elastic_train. Use RayDDPStrategy."),
     **dict.fromkeys(("LightningTrainer", "LightningConfigBuilder"), (
         "Ray removed it (2.7): build a lightning Trainer inside the loop with strategy=RayDDPStrategy(), "
         "plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], pass it through "
@@ -356,4 +364,5 @@ _UNSUPPORTED = {
 }
 __getattr__ = unsupported_getattr("elastic_train.lightning", "ray.train.lightning", _UNSUPPORTED)
 
-__all__ = ["RayDDPStrategy", "RayFSDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback", "prepare_trainer"]
+__all__ = ["RayDDPStrategy", "RayFSDPStrategy", "RayDeepSpeedStrategy", "RayLightningEnvironment",
+           "RayTrainReportCallback", "prepare_trainer"]

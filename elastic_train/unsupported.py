@@ -1,11 +1,11 @@
 """Names of Ray Train's API that elastic_train does not provide, and what to use instead.
 
-Code ported by changing `ray.train` to `elastic_train` in its imports fails on such a name with a
-message that says why and names the replacement, instead of a bare "cannot import name". The
-packages' module-level `__getattr__` raises `UnsupportedAPIError`, an ImportError: it is what
-`from elastic_train import get_dataset_shard` raises, with the message (an AttributeError there
-would be replaced by Python's generic ImportError). `hasattr(elastic_train, name)` therefore raises
-too for these names, rather than answer False.
+A name that Ray 2.60 has (`TRAIN_NAMES`) imports as in Ray, since code imports it beside the names it
+uses (Ray's own test utilities import `SyncConfig`), and building one raises `UnsupportedAPIError` with
+why and what to use. A name Ray removed, or a module for another framework, fails where it is imported,
+with the same message instead of a bare "cannot import name": the packages' module-level `__getattr__`
+raises `UnsupportedAPIError`, an ImportError (an AttributeError there would be replaced by Python's
+generic ImportError), so `hasattr(module, name)` raises too for these names, rather than answer False.
 """
 
 from __future__ import annotations
@@ -30,24 +30,10 @@ TRAIN_NAMES: Mapping[str, str] = {
         "set the level of the 'elastic_train' logger with the logging module, in the driver and in the "
         "training loop: logging.getLogger('elastic_train').setLevel('DEBUG')."
     ),
-    "NCCLHangError": (
-        "a hung NCCL collective does not end the run here: it is detected (ElasticConfig.progress_timeout_s, "
-        "collective_timeout_s), the group is aborted and re-formed in place. A run that fails raises "
-        "elastic_train.WorkerGroupError or ControllerError; catch elastic_train.TrainingFailedError."
-    ),
     "ValidationConfig": _VALIDATION,
     "ValidationFn": _VALIDATION,
     "ValidationTaskConfig": _VALIDATION,
 }
-
-TORCH_NAMES: Mapping[str, str] = {
-    "TorchCheckpoint": (
-        "use elastic_train.Checkpoint: Checkpoint.from_dict({'model': model.state_dict()}) (loaded with "
-        "weights_only=True), or elastic_train.torch.save_state/load_state for model and optimizer state "
-        "through torch.distributed.checkpoint."
-    ),
-}
-
 
 _PYTORCH_ONLY = ("elastic_train trains PyTorch: use elastic_train.torch.TorchTrainer (PyTorch Lightning: "
                  "elastic_train.lightning; Hugging Face Transformers: elastic_train.huggingface).")
@@ -108,8 +94,23 @@ def lazy_getattr(namespace: dict[str, Any], where: Mapping[str, str],
     return __getattr__
 
 
-ray_train_getattr = unsupported_getattr("elastic_train", "ray.train", TRAIN_NAMES)
-ray_train_torch_getattr = unsupported_getattr("elastic_train.torch", "ray.train.torch", TORCH_NAMES)
+def _refused_class(name: str, why: str) -> type:
+    """Ray Train's class `name`, importable, whose construction says why it is not supported."""
 
-__all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "TORCH_NAMES", "MODULES", "lazy_getattr", "ray_train_getattr",
-           "ray_train_torch_getattr", "refuse_unsupported_modules"]
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise UnsupportedAPIError(f"elastic_train.{name} (ray.train.{name}) is not supported: {why}",
+                                  name="elastic_train")
+
+    return type(name, (), {"__init__": __init__, "__module__": __name__,
+                           "__doc__": f"Ray Train's `{name}`: imported as in Ray, refused when built: {why}"})
+
+
+SyncConfig = _refused_class("SyncConfig", TRAIN_NAMES["SyncConfig"])
+LoggingConfig = _refused_class("LoggingConfig", TRAIN_NAMES["LoggingConfig"])
+ValidationConfig = _refused_class("ValidationConfig", TRAIN_NAMES["ValidationConfig"])
+ValidationFn = _refused_class("ValidationFn", TRAIN_NAMES["ValidationFn"])
+ValidationTaskConfig = _refused_class("ValidationTaskConfig", TRAIN_NAMES["ValidationTaskConfig"])
+
+__all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "MODULES", "lazy_getattr", "refuse_unsupported_modules",
+           "unsupported_getattr", "SyncConfig", "LoggingConfig", "ValidationConfig", "ValidationFn",
+           "ValidationTaskConfig"]

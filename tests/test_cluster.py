@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import elastic_train as et
 from tests.conftest import ray_runtime_env, stop_ray
 from tests.fake_metadata import FakeMetadataServer
 from tests.helpers import fit_in_background, make_trainer, wait_for
-from tests.loops import read_progress
+from tests.loops import linear_regression_loop, read_progress
 
 
 @pytest.mark.timeout(240)
@@ -84,3 +87,47 @@ def test_machine_notice_places_the_replacement_on_another_machine_with_no_step_l
     assert rank0_pid not in nodes and other.node_id in nodes.values()
     rank0_steps = [p["step"] for p in progress if p["rank"] == 0]
     assert sorted(rank0_steps) == list(range(1, steps + 1)), "a step was lost or redone"
+
+
+def _placed_run(run_dirs: dict, name: str, steps: int, **scaling) -> et.TorchTrainer:
+    return et.TorchTrainer(
+        linear_regression_loop, train_loop_config={"log_dir": run_dirs["log_dir"], "steps": steps, "step_time": 0.1},
+        scaling_config=et.ScalingConfig(num_workers=2, **scaling),
+        run_config=et.RunConfig(storage_path=run_dirs["storage"], name=name))
+
+
+@pytest.mark.timeout(300)
+def test_workers_go_where_placement_strategy_and_label_selector_say(run_dirs):
+    """As Ray Train places its bundles: PACK fills one of the selected nodes, and a list of selectors
+    gives each worker slot its own, which the replacement of a worker SIGKILLed keeps (PACK alone
+    would put it beside the survivor)."""
+    stop_ray()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    pool_a = {cluster.add_node(num_cpus=2, labels={"pool": "a"}).node_id for _ in range(2)}
+    pool_b = cluster.add_node(num_cpus=2, labels={"pool": "b"}).node_id
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env=ray_runtime_env())
+    try:
+        packed = _placed_run(run_dirs, "packed", 5, label_selector={"pool": "a"}).fit()
+        assert packed.error is None, packed.error
+        nodes = {p["node"] for p in read_progress(run_dirs["log_dir"])}
+        assert len(nodes) == 1 and nodes <= pool_a, nodes
+
+        shutil.rmtree(run_dirs["log_dir"])
+        os.mkdir(run_dirs["log_dir"])
+        steps = 80
+        join = fit_in_background(_placed_run(run_dirs, "slots", steps, label_selector=[{"pool": "a"}, {"pool": "b"}]))
+        first = wait_for(lambda: [p for p in read_progress(run_dirs["log_dir"]) if p["step"] >= 5], 90,
+                         "2 workers training")
+        assert {p["node"] in pool_a for p in first} == {True, False} and pool_b in {p["node"] for p in first}
+        victim = next(p["pid"] for p in first if p["node"] == pool_b)
+        os.kill(victim, signal.SIGKILL)
+        result = join(180)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert result.error is None, result.error
+    assert result.metrics["step"] == steps and result.world_sizes[-1] == 2
+    progress = read_progress(run_dirs["log_dir"])
+    last = [p for p in progress if p["generation"] == max(q["generation"] for q in progress)]
+    assert victim not in {p["pid"] for p in last} and pool_b in {p["node"] for p in last}, last[-2:]

@@ -72,10 +72,13 @@ def test_rays_example_runs_on_elastic_train_ported_by_the_import_rule(no_ray, tm
 
 @pytest.mark.timeout(10)
 def test_each_of_rays_test_files_is_run_or_left_out_with_its_reason():
-    """Ray Train V2's test files: run side by side (FILES), or named in left_out.py with why, never both."""
+    """Ray Train's test files, V2's and its integration tests': run side by side (FILES), or named in left_out.py
+    with why, never both."""
     from tests.ray_conformance.__main__ import FILES
     from tests.ray_conformance.left_out import LEFT_OUT_FILES
 
     assert not set(FILES) & set(LEFT_OUT_FILES)
     assert all(reason.strip() for reason in LEFT_OUT_FILES.values())
-    assert len(FILES) + len(LEFT_OUT_FILES) >= 92  # every test_*.py of python/ray/train/v2/tests
+    files = [*FILES, *LEFT_OUT_FILES]
+    assert sum(f.startswith("v2/tests/") for f in files) >= 92  # every test_*.py of python/ray/train/v2/tests
+    assert sum(f.startswith("tests/") for f in files) >= 49  # and of python/ray/train/tests

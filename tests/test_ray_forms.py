@@ -1,6 +1,7 @@
 """What Ray Train code hands elastic_train in Ray's own forms, found by running Ray's own tests
 (tests/ray_conformance): pyarrow filesystems, URIs with pyarrow's options in their query, Ray's
-`Checkpoint` objects, local mode (`num_workers=0`), `DataParallelTrainer` and V2's module paths."""
+`Checkpoint` objects, local mode (`num_workers=0`), `DataParallelTrainer`, V2's module paths and the
+deprecated `TorchCheckpoint`."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 import pyarrow.fs
 import pytest
 import ray.train
+import torch
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 import elastic_train as train
 from elastic_train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from elastic_train.checkpoint.filesystems import as_fsspec, split_query
+from elastic_train.checkpoint.manifest import MANIFEST
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.errors import ConfigError
 from elastic_train.torch import TorchTrainer
@@ -135,3 +138,56 @@ def test_local_mode_leaves_no_ray_instance_it_started(no_ray, tmp_path):
     assert not ray.is_initialized()
     ray.init(num_cpus=1, include_dashboard=False)
     ray.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_torch_checkpoint_holds_a_model_or_its_state_dict_as_rays_does(tmp_path):
+    """Ray's deprecated TorchCheckpoint, with its warnings: a state dict (DDP's `module.` prefix dropped)
+    loaded into the model given, a whole model unpickled, a preprocessor in the metadata."""
+    from elastic_train.torch import TorchCheckpoint
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.warns(DeprecationWarning, match="`TorchCheckpoint` is deprecated"):
+        saved = TorchCheckpoint.from_state_dict({f"module.{k}": v for k, v in model.state_dict().items()},
+                                                preprocessor={"scale": 2})
+    loaded = saved.get_model(torch.nn.Linear(2, 1))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert saved.get_preprocessor() == {"scale": 2} and isinstance(saved, Checkpoint)
+    with pytest.raises(ValueError, match="no `model_definition` was provided"):
+        saved.get_model()
+    with pytest.warns(DeprecationWarning, match=r"from_model\(\)` is deprecated"):
+        whole = TorchCheckpoint.from_model(model)
+    again = TorchCheckpoint.from_directory(whole.path)
+    assert torch.equal(again.get_model().weight, model.weight) and again.get_preprocessor() is None
+    (tmp_path / "other").mkdir()
+    with pytest.raises(RuntimeError, match="`model.pt` not found within this checkpoint"):
+        TorchCheckpoint.from_directory(tmp_path / "other").get_model()
+
+
+def torch_checkpoint_loop() -> None:
+    from elastic_train.torch import TorchCheckpoint, prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(2, 1))
+    train.report({"done": 1}, checkpoint=TorchCheckpoint.from_state_dict(model.state_dict()))
+
+
+@pytest.mark.timeout(120)
+def test_a_torch_checkpoint_reported_from_a_ddp_model_loads_into_a_plain_one(local_ray, tmp_path):
+    from elastic_train.torch import TorchCheckpoint
+
+    result = TorchTrainer(torch_checkpoint_loop, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="torch_checkpoint", storage_path=str(tmp_path))).fit()
+    torch.manual_seed(0)
+    expected = torch.nn.Linear(2, 1)
+    loaded = TorchCheckpoint.from_directory(result.checkpoint.path).get_model(torch.nn.Linear(2, 1))
+    assert torch.equal(loaded.weight, expected.weight) and torch.equal(loaded.bias, expected.bias)
+    # A stored checkpoint's folder, opened as Ray users open one, is read through its manifest: verified.
+    Path(result.checkpoint.path, TorchCheckpoint.MODEL_FILENAME).write_bytes(b"torn")
+    with pytest.raises(train.CheckpointError):
+        TorchCheckpoint.from_directory(result.checkpoint.path).get_model(torch.nn.Linear(2, 1))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / MANIFEST).write_text("my own notes")
+    with pytest.raises(train.CheckpointError, match="is the name elastic_train gives its commit record, and this one is "
+                                                    "not"):
+        Checkpoint.from_directory(tmp_path / "mine")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -22,6 +24,9 @@ def loop(config):
         (lambda: et.ScalingConfig(num_workers=(0, 2)), "min must be at least 1"),
         (lambda: et.ScalingConfig(num_workers=(1, 2, 3)), r"a \(min, max\) pair"),
         (lambda: et.ScalingConfig(placement_strategy="RANDOM"), "use one of PACK"),
+        (lambda: et.ScalingConfig(num_workers=(1, 3), label_selector=[{"a": "b"}] * 2),
+         "If `label_selector` is a list, it must be the same length as `max_workers`"),
+        (lambda: et.ScalingConfig(label_selector={"zone": 1}), "give a dict of label values"),
         (lambda: et.TorchTrainer(42), "train_loop_per_worker must be a function"),
         (lambda: et.TorchTrainer(loop(None)), "not train_func()"),
         (lambda: et.TorchTrainer(loop, scaling_config={"num_workers": 2, "num_worker": 3}),
@@ -81,3 +86,20 @@ def test_use_gpu_without_gpus_fails_fast(local_ray, run_dirs):
         pytest.skip("this machine has a GPU")
     with pytest.raises(et.ConfigError, match="set use_gpu=False"):
         trainer.fit()
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_the_workers_cannot_import_fails_the_run_at_once_with_why(local_ray, run_dirs, tmp_path, monkeypatch):
+    """As in Ray Train: a worker whose constructor raises (here: the loop's module is on the driver's
+    path only) fails the run with that error, not after min_workers_timeout_s with "could not be placed"."""
+    (tmp_path / "driver_only_loop.py").write_text("def loop(config):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from driver_only_loop import loop as driver_only
+
+    trainer = et.TorchTrainer(driver_only, train_loop_config={}, scaling_config=et.ScalingConfig(num_workers=2),
+                              run_config=et.RunConfig(storage_path=run_dirs["storage"]))
+    started = time.monotonic()
+    with pytest.raises(et.ControllerError, match=r"(?s)a worker could not start; its constructor raised: .*"
+                                                 r"No module named 'driver_only_loop'"):
+        trainer.fit()
+    assert time.monotonic() - started < et.ElasticConfig().min_workers_timeout_s / 2

@@ -105,15 +105,21 @@ class Checkpoint:
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
-        """A checkpoint of the files under a local directory."""
+        """A checkpoint of the files under a local directory; a stored checkpoint's folder (a run's
+        `checkpoint_*`, as Ray users open one) is read through its manifest, each file verified."""
         if not os.path.isdir(path):
             raise CheckpointError(f"Checkpoint.from_directory({str(path)!r}): no such directory.")
-        if os.path.exists(os.path.join(path, MANIFEST)):
+        manifest_path = os.path.join(path, MANIFEST)
+        if not os.path.exists(manifest_path):
+            return cls(os.path.abspath(path))
+        try:
+            with open(manifest_path) as f:
+                return cls(os.path.abspath(path), manifest=Manifest.from_json(f.read()))
+        except (ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(
                 f"Checkpoint.from_directory({str(path)!r}): {MANIFEST} is the name elastic_train gives its commit "
-                "record; rename that file."
-            )
-        return cls(os.path.abspath(path))
+                f"record, and this one is not ({exc}); rename that file."
+            ) from exc
 
     @classmethod
     def from_ray(cls, checkpoint: Any) -> "Checkpoint":

@@ -4,7 +4,7 @@ and the Ray resources each one asks for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from elastic_train.config.ray_only import ray_only
 from elastic_train.errors import ConfigError
@@ -16,7 +16,6 @@ _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
     "use_tpu": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
     "topology": "it trains PyTorch on GPUs (use_gpu=True) or CPUs",
     "accelerator_type": "ask for it as a resource, resources_per_worker={'accelerator_type:A100': 0.001}",
-    "label_selector": "place workers with custom node resources in resources_per_worker",
 }, deprecated={
     "trainer_resources": "the supervisor takes no resources, and the driver runs where fit() is called",
 })
@@ -34,6 +33,9 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: Mapping[str, float] | None = None
     placement_strategy: str = "PACK"
+    label_selector: Mapping[str, str] | Sequence[Mapping[str, str]] | None = None
+    """Ray's: the node labels every worker needs (one selector), or each worker slot's own (a list of
+    `max` selectors; a replacement takes the slot of the worker it replaces)."""
     elastic_resize_monitor_interval_s: float = 60.0
     """Ray Train's; taken so its code runs, with nothing to tune here: Ray re-checks capacity this
     often and restarts the group to grow, while elastic_train keeps a worker pending and grows at
@@ -72,6 +74,13 @@ class ScalingConfig:
                 f"ScalingConfig.placement_strategy={self.placement_strategy!r}: use one of "
                 f"{', '.join(_PLACEMENT_STRATEGIES)}."
             )
+        if not isinstance(self.label_selector, (Mapping, type(None))) and len(self.label_selector) != self.max_workers:
+            raise ConfigError("If `label_selector` is a list, it must be the same length as `max_workers` (or "
+                              "`num_workers` when fixed).")  # Ray Train's check, its message
+        selectors = [self.label_selector] if isinstance(self.label_selector, Mapping) else self.label_selector or []
+        if not all(isinstance(s, Mapping) and all(isinstance(v, str) for v in s.values()) for s in selectors):
+            raise ConfigError(f"ScalingConfig.label_selector={self.label_selector!r}: give a dict of label values, "
+                              "e.g. {'subcluster': 'my_subcluster'}, or a list of such dicts, one per worker.")
         for key, amount in (self.resources_per_worker or {}).items():
             if not isinstance(amount, (int, float)) or amount < 0:
                 raise ConfigError(

@@ -7,8 +7,8 @@ survivor's process outlives its generation: unless they are reset, the next gene
 group here (it only calls `init_process_group` when none is initialized, and elastic_train has
 joined the generation's before the loop runs).
 
-Accelerate also reads the environment: the variables torchrun sets (the worker exports them for
-each generation), `ACCELERATE_TORCH_DEVICE` (set as Ray Train sets it), and `ACCELERATE_USE_CPU`.
+Accelerate also reads the environment: the variables torchrun sets and `ACCELERATE_TORCH_DEVICE` (the
+worker exports them for each generation, as Ray Train does), and `ACCELERATE_USE_CPU`.
 On a CPU worker, `TrainingArguments()` without `use_cpu=True` makes Accelerate skip distributed
 training altogether: every rank would train alone, as rank 0, and write rank 0's checkpoint files.
 CPU workers therefore get `ACCELERATE_USE_CPU=true` (Ray Train leaves that to the loop).
@@ -24,17 +24,14 @@ from elastic_train.worker.loop.session import TrainSession
 
 
 def export_accelerate_env() -> None:
-    """Tell Accelerate this generation's device."""
-    device = get_device()
-    os.environ["ACCELERATE_TORCH_DEVICE"] = str(device)
-    if device.type == "cpu":
+    """Tell Accelerate that a CPU worker trains distributed."""
+    if get_device().type == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "true"
 
 
 def start_generation(_session: TrainSession) -> None:
     """Session hook: drop the previous generation's Accelerate state (if Accelerate was ever imported
-    here) before the loop runs, and export the new generation's device (the rest of the world is in
-    the environment the worker exported)."""
+    here) before the loop runs (the world and the device are in the environment the worker exported)."""
     export_accelerate_env()
     state = sys.modules.get("accelerate.state")
     if state is not None:

@@ -48,6 +48,8 @@ class WorkerRecord:
     holds: set[tuple[int, int, str]] = field(default_factory=set)  # (generation, index, file) held, told at parking
     last_report: tuple[int, float] = (0, 0.0)  # (index, monotonic time) of its last report in its generation
     leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
+    slot: int = 0  # which of the run's `max` places it fills: its label selector (placement.py)
+    planned_node: str = ""  # the node PACK asked for, until it runs (then `node_id`)
 
     def is_member(self, generation: int) -> bool:
         """Has it a rank in `generation`?"""

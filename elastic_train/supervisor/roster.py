@@ -10,16 +10,18 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from typing import Any
 
 import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elastic_train.config import ElasticConfig, ScalingConfig
 from elastic_train.events import FencedWorkerRejoined, SupervisorRestarted, WorkerLeft, WorkerLost
 from elastic_train.protocol import Assignment, Outcome, Stop, WorkerInfo
 from elastic_train.run_spec import WorkerSpec
-from elastic_train.supervisor import policy
+from elastic_train.supervisor import placement, policy
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, describe_workers, worker_name
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
 from elastic_train.supervisor.tasks import Tasks
@@ -46,6 +48,7 @@ class Roster:
         self.leaving_nodes: set[str] = set()  # machines under a preemption notice
         self.supervisor: Any = None  # the supervisor's own handle, which workers call; set once it runs
         self.over = False  # the run ended: nothing is requested or dropped any more
+        self.start_failure: str | None = None  # what a worker's constructor raised: every new one would too
         self._spec = spec
         self._elastic: ElasticConfig = spec.elastic
         self._scaling = scaling
@@ -87,13 +90,23 @@ class Roster:
     def top_up(self) -> None:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears. A worker
         under a preemption notice is on its way out: its replacement is requested at once."""
-        if self.over:
+        if self.over or self.start_failure is not None:
             return
         alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
+        slots = placement.free_slots({w.slot for w in alive}, self._scaling.max_workers,
+                                     self._scaling.max_workers - len(alive))
+        if not slots:
+            return
         resources = self._scaling.worker_resources()
-        for _ in range(self._scaling.max_workers - len(alive)):
+        nodes, away = self._usable_nodes()
+        placed = Counter(w.node_id or w.planned_node for w in alive)
+        for slot in slots:
             worker_id = self.next_id
             self.next_id += 1
+            selector = {**away, **placement.selector_for(self._scaling.label_selector, slot)}
+            node = None if "SPREAD" in self._scaling.placement_strategy else placement.pack_node(
+                resources, nodes, placed, selector)
+            placed[node] += 1
             actor = self._class.options(
                 name=worker_name(self._prefix, worker_id),
                 namespace=ACTOR_NAMESPACE,
@@ -102,27 +115,34 @@ class Roster:
                 num_gpus=resources.get("GPU", 0),
                 resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
                 max_concurrency=6,
-                scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else "DEFAULT",
-                label_selector=self._away_from_leaving_nodes(),
+                # PACK's node is a preference: one without room now spills the worker elsewhere (Ray Data's
+                # locality hint uses the same private switch)
+                scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else
+                NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True) if node else "DEFAULT",
+                label_selector=selector or None,
                 # NCCL: the c10d watchdog must not end a survivor's process (worker/group/nccl_env.py); set
                 # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
                 runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
                 if self._spec.backend == "nccl" else None,
             ).remote(worker_id, self.supervisor, self._spec)
-            self.watch(WorkerRecord(worker_id, actor), actor.run.remote())
+            self.watch(WorkerRecord(worker_id, actor, slot=slot, planned_node=node or ""), actor.run.remote())
 
     def watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """Keep `worker` and follow it until `ended_ref` (its `run`, or `wait_stopped`) resolves."""
         self.records[worker.worker_id] = worker
         self._tasks.track(self._watch(worker, ended_ref))
 
-    def _away_from_leaving_nodes(self) -> dict[str, str] | None:
-        """Keep new workers off machines under a preemption notice, unless no other machine is left."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        leaving = self.leaving_nodes & alive
-        if not leaving or not alive - leaving:
-            return None
-        return {NODE_ID_LABEL_KEY: f"!in({','.join(sorted(leaving))})"}
+    def _usable_nodes(self) -> tuple[list[placement.Node], dict[str, str]]:
+        """The alive nodes a new worker may go to, and the label selector that keeps it there: off
+        machines under a preemption notice, unless no other machine is left."""
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        leaving = self.leaving_nodes & {n["NodeID"] for n in alive}
+        if leaving and len(leaving) < len(alive):
+            alive = [n for n in alive if n["NodeID"] not in leaving]
+            away = {NODE_ID_LABEL_KEY: f"!in({','.join(sorted(leaving))})"}
+        else:
+            away = {}
+        return [placement.Node(n["NodeID"], n.get("Labels") or {}, n["Resources"]) for n in alive], away
 
     async def _watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """A dead actor is a lost worker. A worker whose run ended is killed: it is a detached actor,
@@ -131,6 +151,9 @@ class Roster:
         try:
             await ended_ref
         except ray.exceptions.RayActorError as exc:
+            if exc.actor_init_failed and self.start_failure is None:  # e.g. the loop's module is not importable there
+                self.start_failure = str(exc)
+                self._wake.set()
             self.lose(worker, LostCause.DIED, f"actor died: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
             self.lose(worker, LostCause.DIED, f"worker runtime failed: {exc!r}")

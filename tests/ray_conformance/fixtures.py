@@ -12,6 +12,7 @@ import boto3
 import pytest
 import ray
 from ray._common.test_utils import simulate_s3_bucket
+from ray.cluster_utils import Cluster
 
 S3_PORT = 5002  # the port Ray's fixture serves its S3 bucket on
 S3_REGION = "us-west-2"
@@ -22,6 +23,17 @@ def ray_start_4_cpus():
     info = ray.init(num_cpus=4)
     yield info
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_2_node_2_gpu():
+    cluster = Cluster()
+    for _ in range(2):
+        cluster.add_node(num_cpus=4, num_gpus=2)
+    ray.init(address=cluster.address)
+    yield
+    ray.shutdown()
+    cluster.shutdown()
 
 
 @pytest.fixture

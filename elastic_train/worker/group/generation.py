@@ -5,9 +5,8 @@ generation's group is this process's *default* group, so `dist.all_reduce(x)`, `
 DDP without a named group work unchanged and see the generation's world (where loops go on in place,
 through a `WorldGroup` that follows the loop into later generations: worker/group/world.py). `abort(g)` acts only on
 generation `g`'s group, at once, from any thread (gloo: its TCP connections are shut down; NCCL:
-non-blocking communicators aborted), also while that group is still forming; `leave()` tears the
-group down off the training thread, with a deadline. docs/process_group.md: why each step, what was
-measured, and what was not used.
+non-blocking communicators aborted), also while that group is still forming; `leave()` tears the group
+down off the training thread, with a deadline. docs/process_group.md: why each step, what was measured.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
+from elastic_train.worker.group.devices import get_device
 from elastic_train.worker.group.nccl_env import apply_nccl_env
 from elastic_train.worker.group.world import WorldGroup, forget, install
 
@@ -253,10 +253,10 @@ class _Teardown(threading.Thread):
 
 
 def _export_env(assignment: Assignment) -> None:
-    """The variables torchrun and Ray Train set, for the generation just joined: frameworks (Hugging
-    Face Accelerate, Lightning's environment detection) read the world from them, and they change
-    with every re-form."""
+    """The variables torchrun and Ray Train set, for the generation just joined: frameworks (Accelerate,
+    Lightning) read the world and the device from them, and they change with every re-form."""
     os.environ.update({
+        "ACCELERATE_TORCH_DEVICE": str(get_device()),
         "MASTER_ADDR": assignment.master_addr,
         "MASTER_PORT": str(assignment.master_port),
         "RANK": str(assignment.rank),
