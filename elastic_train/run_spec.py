@@ -8,6 +8,7 @@ imports (torch alone adds ~1.3 s to the start of every run).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -60,4 +61,14 @@ class WorkerSpec:
         return cls(cloudpickle.dumps(loop), with_datasets=bool(loop.datasets), **given)
 
     def open_loop(self) -> LoopSpec:
-        return cloudpickle.loads(self.loop)
+        """The loop. One that cannot be unpickled here (its module is on the driver's path alone) is a
+        loop that raises that error when it runs: the rank fails as under Ray Train, where the loop
+        is unpickled in `run_train_fn` (counted against `max_failures`, its traceback reported)."""
+        try:
+            return cloudpickle.loads(self.loop)
+        except Exception as exc:  # noqa: BLE001 - raised again when the loop runs
+            return LoopSpec(functools.partial(_raise, exc), None)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc

@@ -6,7 +6,10 @@ from collections import Counter
 
 import pytest
 
-from elastic_train.supervisor.placement import Node, free_slots, matches, pack_node, selector_for
+from ray.util.placement_group import NODE_ID_LABEL_KEY
+
+from elastic_train.supervisor.placement import (Node, avoiding, free_slots, matches, pack_node, placeable,
+                                               selector_for, slot_of)
 
 CPU = {"CPU": 1.0}
 
@@ -25,6 +28,8 @@ def nodes(*specs: tuple[str, float, dict]) -> list[Node]:
     ({"pool": "!a"}, {}, True),
     ({"pool": "in(a,b)"}, {"pool": "b"}, True),
     ({"pool": "!in(a,b)"}, {"pool": "b"}, False),
+    ({"pool": "in(a, b)"}, {"pool": "b"}, True),  # Ray's syntax allows the spaces
+    ({"pool": "!in(a, b)"}, {"pool": "b"}, False),
     ({"pool": "a", "zone": "z1"}, {"pool": "a", "zone": "z2"}, False),
 ])
 def test_label_selectors_match_as_rays_syntax_reads(selector, labels, expected):
@@ -37,21 +42,34 @@ def test_pack_fills_the_node_with_most_workers_that_has_room_then_the_roomiest()
     placed: Counter[str] = Counter()
     chosen = []
     for _ in range(10):
-        node = pack_node(CPU, cluster, placed, None)
+        node = pack_node(CPU, cluster, placed)
         placed[node] += 1
         chosen.append(node)
     assert chosen == ["n3"] * 8 + ["n1", "n1"]  # the roomiest first, filled before another is opened
-    assert pack_node(CPU, cluster, Counter({"n1": 4, "n2": 4, "n3": 8}), None) is None  # full: Ray finds it a place
-    assert pack_node(CPU, cluster, Counter({"n1": 3, "n3": 8}), None) == "n1"  # beside the most workers, with room
+    assert pack_node(CPU, cluster, Counter({"n1": 4, "n2": 4, "n3": 8})) is None  # full: Ray finds it a place
+    assert pack_node(CPU, cluster, Counter({"n1": 3, "n3": 8})) == "n1"  # beside the most workers, with room
 
 
 @pytest.mark.timeout(10)
-def test_pack_keeps_to_the_selected_nodes_and_says_none_where_none_fits():
+def test_a_selector_and_a_preemption_notice_narrow_the_nodes_unless_nothing_would_be_left():
+    cluster = nodes(("a1", 2, {"pool": "a"}), ("a2", 2, {"pool": "a"}), ("b1", 8, {"pool": "b"}))
+    allowed, selector = avoiding(cluster, set(), {"pool": "a"})
+    assert [n.node_id for n in allowed] == ["a1", "a2"] and selector == {"pool": "a"}
+    allowed, selector = avoiding(cluster, {"a1"}, {"pool": "a"})  # a1 is under a notice: kept off it
+    assert [n.node_id for n in allowed] == ["a2"] and selector == {"pool": "a", NODE_ID_LABEL_KEY: "!in(a1)"}
+    allowed, selector = avoiding(cluster, {"a1", "a2"}, {"pool": "a"})  # no other pool-a node: not kept off
+    assert [n.node_id for n in allowed] == ["a1", "a2"] and selector == {"pool": "a"}
+    assert avoiding(cluster, {"b1"}, {})[1] == {NODE_ID_LABEL_KEY: "!in(b1)"}
+    assert pack_node(CPU, avoiding(cluster, set(), {"pool": "c"})[0], Counter()) is None
+    assert pack_node({"GPU": 1.0}, cluster, Counter()) is None  # no node could ever host it
+
+
+@pytest.mark.timeout(10)
+def test_what_could_be_placed_counts_each_slot_on_a_node_its_selector_allows():
     cluster = nodes(("a1", 2, {"pool": "a"}), ("b1", 8, {"pool": "b"}))
-    assert pack_node(CPU, cluster, Counter(), {"pool": "a"}) == "a1"
-    assert pack_node(CPU, cluster, Counter({"a1": 2}), {"pool": "a"}) is None  # full: the selector alone places it
-    assert pack_node(CPU, cluster, Counter(), {"pool": "c"}) is None
-    assert pack_node({"GPU": 1.0}, cluster, Counter(), None) is None  # no node could ever host it
+    assert placeable(CPU, cluster, None, 4) == 4
+    assert placeable(CPU, cluster, {"pool": "a"}, 4) == 2  # pool a has room for two
+    assert placeable(CPU, cluster, [{"pool": "a"}, {"pool": "c"}, {"pool": "b"}], 3) == 2
 
 
 @pytest.mark.timeout(10)
@@ -62,3 +80,8 @@ def test_each_slot_has_its_selector_and_a_replacement_takes_the_lost_workers_slo
     assert free_slots(set(), 3, 3) == [0, 1, 2]
     assert free_slots({0, 2}, 3, 1) == [1]  # slot 1's worker was lost: its replacement is slot 1
     assert free_slots({0, 1, 2}, 3, 0) == []
+    assert free_slots({0}, 4, -1) == []  # more alive than the maximum (a leaving one adopted): none requested
+    # A worker adopted by a restarted supervisor gets the slot its node's labels fit.
+    assert slot_of({"pool": "b"}, [{"pool": "a"}, {"pool": "b"}], [0, 1]) == 1
+    assert slot_of({"pool": "c"}, [{"pool": "a"}, {"pool": "b"}], [1]) == 1
+    assert slot_of({}, None, [2, 3]) == 2

@@ -115,7 +115,7 @@ class Checkpoint:
         try:
             with open(manifest_path) as f:
                 return cls(os.path.abspath(path), manifest=Manifest.from_json(f.read()))
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CheckpointError(
                 f"Checkpoint.from_directory({str(path)!r}): {MANIFEST} is the name elastic_train gives its commit "
                 f"record, and this one is not ({exc}); rename that file."

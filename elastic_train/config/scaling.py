@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ray._private.label_utils import validate_label_selector
+
 from elastic_train.config.ray_only import ray_only
 from elastic_train.errors import ConfigError
 
@@ -78,9 +80,12 @@ class ScalingConfig:
             raise ConfigError("If `label_selector` is a list, it must be the same length as `max_workers` (or "
                               "`num_workers` when fixed).")  # Ray Train's check, its message
         selectors = [self.label_selector] if isinstance(self.label_selector, Mapping) else self.label_selector or []
-        if not all(isinstance(s, Mapping) and all(isinstance(v, str) for v in s.values()) for s in selectors):
+        if not all(isinstance(s, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in s.items())
+                   for s in selectors):
             raise ConfigError(f"ScalingConfig.label_selector={self.label_selector!r}: give a dict of label values, "
                               "e.g. {'subcluster': 'my_subcluster'}, or a list of such dicts, one per worker.")
+        for problem in filter(None, map(validate_label_selector, map(dict, selectors))):  # Ray's own check, at once
+            raise ConfigError(f"ScalingConfig.label_selector={self.label_selector!r}: {problem}")
         for key, amount in (self.resources_per_worker or {}).items():
             if not isinstance(amount, (int, float)) or amount < 0:
                 raise ConfigError(

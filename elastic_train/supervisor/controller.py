@@ -179,8 +179,6 @@ class Controller:
             self.restart(f"supervisor restarted; rank(s) {sorted(missing)} of generation {generation} not found")
 
     def _step(self, now: float) -> None:
-        if self.roster.start_failure is not None:  # a group that cannot start fails, as in Ray Train
-            return self.fail(f"a worker could not start; its constructor raised: {self.roster.start_failure}")
         self.roster.drop_silent(now)
         self.reports.settle_hopeless()
         if self._state.training and self.roster.drop_hung(self.members(), now):  # heartbeats prove the process only

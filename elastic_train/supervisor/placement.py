@@ -3,10 +3,11 @@ places its placement group's bundles, for workers that are single actors.
 
 Ray Train reserves one placement group for the whole worker group; elastic_train's workers come and go
 one by one (a replacement, a worker added to a range), so each is placed on its own. PACK and STRICT_PACK
-ask for the node that already hosts most of the run's workers and has room for one more (a preference:
-a node whose room another job took spills the worker elsewhere); SPREAD and STRICT_SPREAD use
-Ray's SPREAD strategy. A list of label selectors gives each worker slot its own, as Ray gives each
-bundle; a replacement takes the slot of the worker it replaces. Pure functions of what the roster knows.
+ask for the node that already hosts most of the run's workers and, by its total resources less the
+run's own workers there, has room for one more (a preference: a node whose room other work holds spills
+the worker to wherever Ray places it); SPREAD and STRICT_SPREAD use Ray's SPREAD strategy. A list of
+label selectors gives each worker slot its own, as Ray gives each bundle; a replacement takes the slot
+of the worker it replaces. Pure functions of what the roster knows.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 Selector = Mapping[str, str]
 
@@ -30,9 +33,11 @@ class Node:
 def matches(selector: Selector | None, labels: Mapping[str, str]) -> bool:
     """Does a node with `labels` satisfy `selector`? Ray's syntax: `v`, `!v`, `in(a,b)`, `!in(a,b)`."""
     for key, wanted in (selector or {}).items():
+        wanted = wanted.strip()
         negated = wanted.startswith("!")
-        wanted = wanted[1:] if negated else wanted
-        values = set(wanted[3:-1].split(",")) if wanted.startswith("in(") and wanted.endswith(")") else {wanted}
+        wanted = wanted[1:].strip() if negated else wanted
+        inside = wanted[3:-1] if wanted.startswith("in(") and wanted.endswith(")") else None
+        values = {v.strip() for v in inside.split(",")} if inside is not None else {wanted}
         if (labels.get(key) in values) == negated:
             return False
     return True
@@ -47,21 +52,53 @@ def selector_for(label_selector: Selector | Sequence[Selector] | None, slot: int
 
 def free_slots(taken: set[int], max_workers: int, count: int) -> list[int]:
     """The `count` lowest slots not `taken` (a worker under a preemption notice frees its slot for its
-    replacement)."""
-    return [slot for slot in range(max_workers) if slot not in taken][:count]
+    replacement); none when `count` is not positive."""
+    return [slot for slot in range(max_workers) if slot not in taken][:max(count, 0)]
 
 
-def pack_node(need: Mapping[str, float], nodes: Sequence[Node], placed: Counter[str],
-              selector: Selector | None) -> str | None:
-    """PACK's node for one more worker needing `need`, given how many of the run's workers each node
-    has or is about to get (`placed`): of the nodes matching `selector` with room for it, the one with
-    the most of them, then the roomiest; None where none has room (the worker then waits for capacity
-    wherever Ray finds it)."""
+def slot_of(labels: Mapping[str, str], label_selector: Selector | Sequence[Selector] | None, free: list[int]) -> int:
+    """The slot of a worker found running on a node with `labels` (a restarted supervisor adopting it):
+    the first free slot whose selector that node satisfies, else the first free one."""
+    return next((s for s in free if matches(selector_for(label_selector, s), labels)), free[0] if free else 0)
 
-    def room(node: Node) -> int:
-        return min((int(node.resources.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0),
-                   default=1 << 30) - placed[node.node_id]
 
-    with_room = sorted((n for n in nodes if matches(selector, n.labels) and room(n) > 0),
+def avoiding(nodes: Sequence[Node], leaving: set[str], selector: Selector) -> tuple[list[Node], dict[str, str]]:
+    """The nodes a worker with `selector` may go to, and the selector that keeps it off machines under
+    a preemption notice, unless no other matching machine is left (or the user selects on node ids)."""
+    matching = [n for n in nodes if matches(selector, n.labels)]
+    staying = [n for n in matching if n.node_id not in leaving]
+    if not staying or len(staying) == len(matching) or NODE_ID_LABEL_KEY in selector:
+        return matching, dict(selector)
+    away = sorted(n.node_id for n in matching if n.node_id in leaving)
+    return staying, {**selector, NODE_ID_LABEL_KEY: f"!in({','.join(away)})"}
+
+
+def _room(need: Mapping[str, float], node: Node, placed: Counter[str]) -> int:
+    """How many more workers needing `need` the node holds, by its totals less the run's own there."""
+    return min((int(node.resources.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0),
+               default=1 << 30) - placed[node.node_id]
+
+
+def pack_node(need: Mapping[str, float], nodes: Sequence[Node], placed: Counter[str]) -> str | None:
+    """PACK's node for one more worker needing `need` among `nodes` (those its selector allows), given
+    how many of the run's workers each node has or is about to get (`placed`): of those with room, the
+    one with the most of them, then the roomiest; None where none has room (the worker then waits for
+    capacity wherever Ray finds it)."""
+    with_room = sorted((n for n in nodes if _room(need, n, placed) > 0),
                        key=lambda n: n.node_id)  # of equals, max() takes the first: the lowest id
-    return max(with_room, key=lambda n: (placed[n.node_id], room(n))).node_id if with_room else None
+    return max(with_room, key=lambda n: (placed[n.node_id], _room(need, n, placed))).node_id if with_room else None
+
+
+def placeable(need: Mapping[str, float], nodes: Sequence[Node], label_selector: Selector | Sequence[Selector] | None,
+              max_workers: int) -> int:
+    """How many of the `max_workers` slots the nodes could host by their totals, each slot on a node
+    its selector allows (a bound on what free resources alone would say)."""
+    placed: Counter[str] = Counter()
+    count = 0
+    for slot in range(max_workers):
+        allowed = [n for n in nodes if matches(selector_for(label_selector, slot), n.labels)]
+        node = pack_node(need, allowed, placed)
+        if node is not None:
+            placed[node] += 1
+            count += 1
+    return count

@@ -14,7 +14,6 @@ from collections import Counter
 from typing import Any
 
 import ray
-from ray.util.placement_group import NODE_ID_LABEL_KEY
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elastic_train.config import ElasticConfig, ScalingConfig
@@ -48,7 +47,6 @@ class Roster:
         self.leaving_nodes: set[str] = set()  # machines under a preemption notice
         self.supervisor: Any = None  # the supervisor's own handle, which workers call; set once it runs
         self.over = False  # the run ended: nothing is requested or dropped any more
-        self.start_failure: str | None = None  # what a worker's constructor raised: every new one would too
         self._spec = spec
         self._elastic: ElasticConfig = spec.elastic
         self._scaling = scaling
@@ -81,16 +79,21 @@ class Roster:
         return {w.worker_id: w.holds for w in self.with_status(WorkerStatus.PARKED)}
 
     def placeable_now(self) -> int:
-        """How many workers the cluster's free resources could host right now."""
+        """How many workers the cluster's free resources could host right now, on nodes their label
+        selectors allow."""
         need = self._scaling.worker_resources()
         free = ray.available_resources()
-        return min((int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0),
-                   default=self._scaling.max_workers)  # a worker that asks for nothing fits anywhere
+        by_free = min((int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0),
+                      default=self._scaling.max_workers)  # a worker that asks for nothing fits anywhere
+        if self._scaling.label_selector is None:
+            return by_free
+        return min(by_free, placement.placeable(need, self._alive_nodes(), self._scaling.label_selector,
+                                                self._scaling.max_workers))
 
     def top_up(self) -> None:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears. A worker
         under a preemption notice is on its way out: its replacement is requested at once."""
-        if self.over or self.start_failure is not None:
+        if self.over:
             return
         alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
         slots = placement.free_slots({w.slot for w in alive}, self._scaling.max_workers,
@@ -98,14 +101,14 @@ class Roster:
         if not slots:
             return
         resources = self._scaling.worker_resources()
-        nodes, away = self._usable_nodes()
+        alive_nodes = self._alive_nodes()
         placed = Counter(w.node_id or w.planned_node for w in alive)
         for slot in slots:
             worker_id = self.next_id
             self.next_id += 1
-            selector = {**away, **placement.selector_for(self._scaling.label_selector, slot)}
-            node = None if "SPREAD" in self._scaling.placement_strategy else placement.pack_node(
-                resources, nodes, placed, selector)
+            nodes, selector = placement.avoiding(alive_nodes, self.leaving_nodes,
+                                                 placement.selector_for(self._scaling.label_selector, slot))
+            node = None if "SPREAD" in self._scaling.placement_strategy else placement.pack_node(resources, nodes, placed)
             placed[node] += 1
             actor = self._class.options(
                 name=worker_name(self._prefix, worker_id),
@@ -132,17 +135,9 @@ class Roster:
         self.records[worker.worker_id] = worker
         self._tasks.track(self._watch(worker, ended_ref))
 
-    def _usable_nodes(self) -> tuple[list[placement.Node], dict[str, str]]:
-        """The alive nodes a new worker may go to, and the label selector that keeps it there: off
-        machines under a preemption notice, unless no other machine is left."""
-        alive = [n for n in ray.nodes() if n["Alive"]]
-        leaving = self.leaving_nodes & {n["NodeID"] for n in alive}
-        if leaving and len(leaving) < len(alive):
-            alive = [n for n in alive if n["NodeID"] not in leaving]
-            away = {NODE_ID_LABEL_KEY: f"!in({','.join(sorted(leaving))})"}
-        else:
-            away = {}
-        return [placement.Node(n["NodeID"], n.get("Labels") or {}, n["Resources"]) for n in alive], away
+    @staticmethod
+    def _alive_nodes() -> list[placement.Node]:
+        return [placement.Node(n["NodeID"], n.get("Labels") or {}, n["Resources"]) for n in ray.nodes() if n["Alive"]]
 
     async def _watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """A dead actor is a lost worker. A worker whose run ended is killed: it is a detached actor,
@@ -151,9 +146,6 @@ class Roster:
         try:
             await ended_ref
         except ray.exceptions.RayActorError as exc:
-            if exc.actor_init_failed and self.start_failure is None:  # e.g. the loop's module is not importable there
-                self.start_failure = str(exc)
-                self._wake.set()
             self.lose(worker, LostCause.DIED, f"actor died: {type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - a bug in the worker runtime itself
             self.lose(worker, LostCause.DIED, f"worker runtime failed: {exc!r}")
@@ -293,12 +285,16 @@ class Roster:
         generation = max((i.generation for i in infos), default=-1)
         members = [i for i in infos if i.generation == generation and i.rank >= 0]
         now = time.monotonic()
+        labels = {n.node_id: n.labels for n in self._alive_nodes()}
+        free = list(range(self._scaling.max_workers))
         for handle, info in found:
             member = info in members
+            slot = placement.slot_of(labels.get(info.node_id, {}), self._scaling.label_selector, free)
+            free = [s for s in free if s != slot]
             record = WorkerRecord(
                 info.worker_id, handle, status=WorkerStatus.TRAINING if member else WorkerStatus.STARTING,
                 node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now, last_report=(info.index, now),
-                generation=info.generation if member else -1, rank=info.rank if member else -1,
+                generation=info.generation if member else -1, rank=info.rank if member else -1, slot=slot,
             )
             self.watch(record, handle.wait_stopped.remote())
         self._telemetry.record(SupervisorRestarted(sorted(i.worker_id for i in infos), generation,
