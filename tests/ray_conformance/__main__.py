@@ -76,10 +76,11 @@ def run(ray_source: Path, folder: Path, to_elastic_train: bool, only: tuple[str,
     file's last test may leave Ray running for the next file's fixture to trip on): {file: (passed, run)}."""
     files = prepare(ray_source, folder, to_elastic_train, only)
     deselected = [arg for node in LEFT_OUT for arg in ("--deselect", node)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
     counts: dict[str, tuple[int, int]] = {name: (0, 0) for name in files}
     for name in files:
         report = folder / f"{name}.xml"
+        # The file's own folder too: Ray's workers unpickle the loops it defines by their module's name.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str((folder / name).parent), str(folder), str(ROOT)])}
         subprocess.run([sys.executable, "-m", "pytest", name, "-p", "no:cacheprovider", "-q", "--rootdir", str(folder),
                         f"--timeout={TEST_TIMEOUT_S}", f"--junitxml={report}", *deselected], cwd=folder, env=env)
         for case in ET.parse(report).getroot().iter("testcase"):
