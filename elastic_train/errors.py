@@ -8,6 +8,12 @@ if TYPE_CHECKING:
     from elastic_train.protocol import PreemptionInfo
 
 
+def qualified(value: object) -> str:
+    """The class of `value` with its module, as a message names it: Ray's `ray.air.ScalingConfig` and
+    ours share a name."""
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
 class ConfigError(ValueError):
     """A configuration is invalid; the message names the problem and the fix."""
 

@@ -94,23 +94,22 @@ def lazy_getattr(namespace: dict[str, Any], where: Mapping[str, str],
     return __getattr__
 
 
-def _refused_class(name: str, why: str) -> type:
-    """Ray Train's class `name`, importable, whose construction says why it is not supported."""
+def refused_class(name: str, why: str, module: str = "elastic_train", ray_module: str = "ray.train") -> type:
+    """Ray Train's class `module.name`, importable, whose construction says why it is not supported."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise UnsupportedAPIError(f"elastic_train.{name} (ray.train.{name}) is not supported: {why}",
-                                  name="elastic_train")
+        raise UnsupportedAPIError(f"{module}.{name} ({ray_module}.{name}) is not supported: {why}", name=module)
 
     return type(name, (), {"__init__": __init__, "__module__": __name__,
                            "__doc__": f"Ray Train's `{name}`: imported as in Ray, refused when built: {why}"})
 
 
-SyncConfig = _refused_class("SyncConfig", TRAIN_NAMES["SyncConfig"])
-LoggingConfig = _refused_class("LoggingConfig", TRAIN_NAMES["LoggingConfig"])
-ValidationConfig = _refused_class("ValidationConfig", TRAIN_NAMES["ValidationConfig"])
-ValidationFn = _refused_class("ValidationFn", TRAIN_NAMES["ValidationFn"])
-ValidationTaskConfig = _refused_class("ValidationTaskConfig", TRAIN_NAMES["ValidationTaskConfig"])
+SyncConfig = refused_class("SyncConfig", TRAIN_NAMES["SyncConfig"])
+LoggingConfig = refused_class("LoggingConfig", TRAIN_NAMES["LoggingConfig"])
+ValidationConfig = refused_class("ValidationConfig", TRAIN_NAMES["ValidationConfig"])
+ValidationFn = refused_class("ValidationFn", TRAIN_NAMES["ValidationFn"])
+ValidationTaskConfig = refused_class("ValidationTaskConfig", TRAIN_NAMES["ValidationTaskConfig"])
 
 __all__ = ["UnsupportedAPIError", "TRAIN_NAMES", "MODULES", "lazy_getattr", "refuse_unsupported_modules",
-           "unsupported_getattr", "SyncConfig", "LoggingConfig", "ValidationConfig", "ValidationFn",
+           "unsupported_getattr", "refused_class", "SyncConfig", "LoggingConfig", "ValidationConfig", "ValidationFn",
            "ValidationTaskConfig"]

@@ -176,6 +176,13 @@ def shard_payload(step: int, size: int) -> bytes:
     return f"{step:08d}".encode() * (size // 8)
 
 
+def spins_after_one_report(config: dict) -> None:
+    """Reports once, then computes for good without a report or a collective (as Ray's sigint test's loop)."""
+    et.report({"step": 1})
+    while True:
+        pass
+
+
 def large_shard_loop(config: dict) -> None:
     """Each rank reports `shard_<rank>.bin` (`shard_mb` MB) every step; on resume, logs what it got."""
     import tempfile

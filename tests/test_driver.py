@@ -25,7 +25,7 @@ def test_a_config_is_taken_as_one_as_a_dict_of_its_options_or_as_its_defaults():
     assert as_config(ScalingConfig, given, "scaling_config") is given
     assert as_config(ScalingConfig, {"num_workers": (1, 3)}, "scaling_config").max_workers == 3
     assert as_config(ScalingConfig, None, "scaling_config") == ScalingConfig()
-    with pytest.raises(ConfigError, match="scaling_config must be a ScalingConfig or a dict of its options, got int"):
+    with pytest.raises(ConfigError, match="scaling_config must be an elastic_train.ScalingConfig or a dict of its options, got builtins.int"):
         as_config(ScalingConfig, 2, "scaling_config")
     with pytest.raises(ConfigError, match=r"no option 'use_gpus' \(did you mean 'use_gpu'\?\)"):
         checked_options(ScalingConfig, {"use_gpus": True})

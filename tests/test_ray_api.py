@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -335,6 +336,33 @@ def test_from_path_after_the_driver_was_killed_and_restore_without_the_loop(loca
     resumed_from = result.metrics_history[0]["step"] - 1
     assert resumed_from >= left.best_checkpoints[-1][1]["step"]  # the newest committed checkpoint, or newer
     assert [m["step"] for m in result.metrics_history] == [resumed_from + 1, resumed_from + 2]
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_the_driver_aborts_a_loop_that_never_reports_again(local_ray, run_dirs):
+    """Ray's test_sigint_abort: one SIGINT to the driver while its loop computes without reporting ends
+    the run at once (its workers ended, not waited for: drain_timeout_s is 30 s), and the driver exits."""
+    run = Path(run_dirs["storage"], "spin")
+    args = {"address": ray.get_runtime_context().gcs_address, "storage": run_dirs["storage"], "name": "spin",
+            "workers": 2, "loop": "spins_after_one_report", "config": {}}
+    log = Path(run_dirs["log_dir"], "driver.err")
+    driver = subprocess.Popen([sys.executable, "-m", "tests.driver", json.dumps(args)], cwd=ROOT,
+                              stderr=log.open("w"), env={**os.environ, **ray_runtime_env()["env_vars"]})
+    try:
+        wait_for(lambda: (run / "metrics.json").exists() and json.loads((run / "metrics.json").read_text()), 90,
+                 "the first report")
+        interrupted = time.monotonic()
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=20)
+        took = time.monotonic() - interrupted
+    finally:
+        driver.kill()
+    assert took < train.ElasticConfig().drain_timeout_s / 2, took
+    assert json.loads((run / "run.json").read_text())["state"].lower() == "errored"
+    assert train.Result.from_path(str(run)).events[-1] == {**train.Result.from_path(str(run)).events[-1],
+                                                           "kind": "run_ended", "state": "ERRORED"}
+    assert "aborting the run: KeyboardInterrupt in the driver" in log.read_text()
+    wait_for(lambda: not supervisor_alive("spin"), 30, "the aborted run's supervisor to go")
 
 
 def test_errors_pickle_whole():

@@ -29,6 +29,7 @@ def test_the_import_rule_renames_the_public_api_and_nothing_else():
         "from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer",
         "from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR",
         "from ray.train._checkpoint import Checkpoint as RayCheckpoint",
+        "from ray.train.torch.config import _is_backend_nccl",
         "from ray.train.tests.util import create_dict_checkpoint",
         "from ray.train.examples.pytorch.torch_linear_example import train_func",
         "ray.init(num_cpus=4); ray.train.report({}); ray.train.collective.barrier()",
@@ -44,6 +45,7 @@ def test_the_import_rule_renames_the_public_api_and_nothing_else():
         "from elastic_train.v2.api.data_parallel_trainer import DataParallelTrainer",
         "from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR",  # Ray's internals stay
         "from ray.train._checkpoint import Checkpoint as RayCheckpoint",
+        "from ray.train.torch.config import _is_backend_nccl",  # a private name: Ray's too
         "from _ray_shared.train_tests_util import create_dict_checkpoint",  # shared by both runs
         "from _ray_shared.train_examples_pytorch_torch_linear_example import train_func",
         "ray.init(num_cpus=4); elastic_train.report({}); elastic_train.collective.barrier()",

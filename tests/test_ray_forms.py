@@ -87,6 +87,30 @@ def test_data_parallel_trainer_and_rays_v2_module_paths():
         TorchTrainer(lambda: None, torch_config=train.BackendConfig())
 
 
+@pytest.mark.timeout(30)
+def test_every_module_of_rays_v2_api_has_ours():
+    """Ray's own test utilities import from them (ray.train.v2.api.validation_config, say)."""
+    import importlib
+    import pkgutil
+
+    import ray.train.v2.api
+
+    for module in pkgutil.iter_modules(ray.train.v2.api.__path__):
+        if not module.name.startswith("_"):
+            ours = importlib.import_module(f"elastic_train.v2.api.{module.name}")
+            rays = importlib.import_module(f"ray.train.v2.api.{module.name}")
+            public = [n for n in getattr(rays, "__all__", ()) if not n.startswith("_")]
+            assert all(hasattr(ours, n) for n in public), (module.name, [n for n in public if not hasattr(ours, n)])
+    from elastic_train.v2.api.validation_config import ValidationTaskConfig
+
+    with pytest.raises(train.UnsupportedAPIError, match="checkpoint validation is not supported"):
+        ValidationTaskConfig()
+    from elastic_train.v2.torch.torchft_config import TorchftConfig
+
+    with pytest.raises(train.UnsupportedAPIError, match="without torchft's replica groups"):
+        TorchftConfig(lighthouse_kwargs={})
+
+
 def rays_forms_loop(config):
     """Ray's checkpoint objects (what Ray's own helpers make) reported, in local mode."""
     ctx = train.get_context()
@@ -191,3 +215,19 @@ def test_a_torch_checkpoint_reported_from_a_ddp_model_loads_into_a_plain_one(loc
     with pytest.raises(train.CheckpointError, match="is the name elastic_train gives its commit record, and this one is "
                                                     "not"):
         Checkpoint.from_directory(tmp_path / "mine")
+
+
+@pytest.mark.timeout(10)
+def test_run_config_defaults_and_rays_v1_configs_as_ray_v2_has_them():
+    """RunConfig() holds default Checkpoint and Failure configs, not None; Ray's V1 configs (ray.air's,
+    named alike) are refused, naming ours."""
+    import ray.air
+
+    config = RunConfig()
+    assert type(config.failure_config) is train.FailureConfig and type(config.checkpoint_config) is CheckpointConfig
+    with pytest.raises(ValueError, match=r"scaling_config must be an elastic_train\.ScalingConfig .*got ray\.air\."):
+        TorchTrainer(lambda: None, scaling_config=ray.air.ScalingConfig())
+    with pytest.raises(ValueError, match=r"use `elastic_train\.RunConfig` instead"):
+        TorchTrainer(lambda: None, run_config=ray.air.RunConfig())
+    with pytest.raises(ValueError, match=r"RunConfig\.failure_config must be an elastic_train\.FailureConfig"):
+        RunConfig(failure_config=ray.air.FailureConfig())

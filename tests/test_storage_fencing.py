@@ -249,7 +249,7 @@ class _Host:
     def settle(self, generation: int, index: int, committed: Any) -> None:
         pass
 
-    def storage_failed(self, message: str) -> None:
+    def fail_now(self, message: str) -> None:
         raise AssertionError(f"the run failed: {message}")
 
     def live_workers(self) -> set[int]:

@@ -51,7 +51,8 @@ def loop(config):
         (lambda: et.ElasticConfig(process_group_destroy_timeout_s=25), "must be below rendezvous_timeout_s=20"),
         (lambda: et.ElasticConfig(progress_timeout_s=0.2),
          r"report_interval_s=0.25 must be below progress_timeout_s=0.2: the watchdog would take"),
-        (lambda: et.RunConfig(failure_config=et.CheckpointConfig()), "must be a FailureConfig"),
+        (lambda: et.RunConfig(failure_config=et.CheckpointConfig()),
+         r"must be an elastic_train.FailureConfig, got elastic_train.config.run.CheckpointConfig: use "),
     ],
 )
 def test_bad_input_is_rejected_before_any_actor_starts(no_ray, make, message):

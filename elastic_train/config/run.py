@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from elastic_train.config.elastic import ElasticConfig
 from elastic_train.config.ray_only import ray_only
 from elastic_train.config.renamed import renamed
-from elastic_train.errors import ConfigError
+from elastic_train.errors import ConfigError, qualified
 
 
 @ray_only({
@@ -161,7 +161,11 @@ class RunConfig:
         ):
             value = getattr(self, attr)
             if value is not None and not isinstance(value, cls):
-                raise ConfigError(f"RunConfig.{attr} must be a {cls.__name__}, got {type(value).__name__}.")
+                raise ConfigError(f"RunConfig.{attr} must be an elastic_train.{cls.__name__}, got {qualified(value)}: "
+                                  f"use `elastic_train.{cls.__name__}` instead.")
+        for attr, cls in (("checkpoint_config", CheckpointConfig), ("failure_config", FailureConfig)):
+            if getattr(self, attr) is None:  # as Ray's RunConfig: its defaults, not None
+                object.__setattr__(self, attr, cls())
         if self.name is not None and (not self.name or "/" in self.name):
             raise ConfigError(f"RunConfig.name={self.name!r}: use a non-empty name without '/'.")
 

@@ -10,7 +10,7 @@ import inspect
 import json
 from typing import Any, Mapping
 
-from elastic_train.errors import ConfigError
+from elastic_train.errors import ConfigError, qualified
 
 
 def checked_options(cls: type, options: Mapping[str, Any]) -> Any:
@@ -35,7 +35,8 @@ def as_config(cls: type, value: Any, owner: str) -> Any:
         return value
     if isinstance(value, Mapping):
         return checked_options(cls, value)
-    raise ConfigError(f"{owner} must be a {cls.__name__} or a dict of its options, got {type(value).__name__}.")
+    raise ConfigError(f"{owner} must be an elastic_train.{cls.__name__} or a dict of its options, got "
+                      f"{qualified(value)}: use `elastic_train.{cls.__name__}` instead.")
 
 
 def check_loop(fn: Any, config: Any) -> bool:

@@ -53,8 +53,9 @@ def follow(supervisor: Any, dispatch: Dispatch, record: RunRecord, interval_s: f
     `interval_s` per call, so the record is written on time) and dispatch it; returns the summary.
 
     A callback's error (a `ControllerError`), or a `BaseException` raised in this thread (Tune's
-    `SystemExit` from a callback, `KeyboardInterrupt`) stops the run cleanly, waits for it to end,
-    records it, and propagates."""
+    `SystemExit` from a callback) stops the run cleanly, waits for it to end, records it, and
+    propagates; a `KeyboardInterrupt` (Ctrl-C) aborts it instead, its workers ended at once, as Ray
+    Train's SIGINT handler aborts its controller (a second Ctrl-C leaves without waiting)."""
     run = supervisor.run.remote()
     report_cursor = event_cursor = 0
     incarnation = ""
@@ -71,8 +72,9 @@ def follow(supervisor: Any, dispatch: Dispatch, record: RunRecord, interval_s: f
         raise
     except BaseException as exc:
         reason = f"{type(exc).__name__} in the driver: {exc}"
-        logger.warning("stopping the run: %s", reason)
-        supervisor.stop_run.remote(reason)
+        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C: aborted at once, as Ray Train aborts
+        logger.warning("%s the run: %s", "aborting" if interrupted else "stopping", reason)
+        (supervisor.abort_run if interrupted else supervisor.stop_run).remote(reason)
         summary = ray.get(run)
         failed = isinstance(exc, TrainingFailedError)
         record.finish("errored" if failed else summary.state.value, summary, exc if failed else None)

@@ -181,7 +181,7 @@ class Supervisor:
         """A worker met a permanent storage error: the run cannot store anything, so it fails."""
         await self._controller.adopted.wait()
         self._controller.telemetry.record(StorageFailed(worker_id, message))
-        self._controller.storage_failed(message)
+        self._controller.fail_now(message)
 
     # == the driver, monitors and tests ==================================================================
     async def feed(self, report_cursor: int, event_cursor: int, timeout_s: float, incarnation: str = "") -> Feed:
@@ -204,6 +204,12 @@ class Supervisor:
         leave their generation, the newest checkpoint in memory is stored, torn folders are swept."""
         await self._controller.adopted.wait()
         self._controller.stop(reason)
+
+    async def abort_run(self, reason: str) -> None:
+        """End the run now (Ctrl-C in the driver, as Ray Train's abort): it fails, its workers are ended
+        at once, nothing more is stored."""
+        await self._controller.adopted.wait()
+        self._controller.fail_now(f"aborted: {reason}", abort=True)
 
     async def status(self, events_since: int = 0) -> dict[str, Any]:
         """A snapshot for monitors and fault injectors attached from outside the driver (`elastic-train

@@ -63,6 +63,7 @@ class Controller:
         self._worker_failures: dict[int, BaseException] = {}
         self._preemption: PreemptionInfo | None = None  # what the run was preempted with, if that failed it
         self.stopping: str | None = None  # why `stop_run` was asked
+        self.aborted = False  # `fail_now(abort=True)`
         self.adopted = asyncio.Event()  # worker calls wait for it: none is served before adoption
         self.wake = asyncio.Event()
         self.closed = False  # the run ended and everything was fed
@@ -148,7 +149,8 @@ class Controller:
                 pass
             self.wake.clear()
             self._step(time.monotonic())
-        await self.ending.carry_out(self._state, self._end_generation() if self._state is RunState.ERRORED else [])
+        errored = self._state is RunState.ERRORED and not self.aborted
+        await self.ending.carry_out(self._state, self._end_generation() if errored else [], self.aborted)
         self.heartbeats.close()
         for task in periodic:
             task.cancel()
@@ -339,9 +341,8 @@ class Controller:
         return await self.roster.parked(w, outcome, free_port)
 
     def notice(self, w: WorkerRecord, source: str, seconds_left: float | None) -> None:
-        """Re-form the group without a worker under a notice, while it still serves its checkpoint
-        from memory: at the next report; or, when the loop asks `get_preemption_info()`, at the report
-        after the call that tells it (the loop saves a checkpoint there, so no step is redone)."""
+        """Re-form the group without a worker under a notice while it still serves its checkpoint: at the
+        next report, or the one after `get_preemption_info()` tells the loop (which saves one there)."""
         if w.leaving or w.status is WorkerStatus.LOST or self._state.terminal:
             return
         preempted = self.preemption.note(w, source, seconds_left)
@@ -361,8 +362,7 @@ class Controller:
         self.wake.set()
 
     def copy_corrupt(self, w: WorkerRecord | None, generation: int, index: int, holder: int, problem: str) -> None:
-        """A member of `generation` was served a corrupt copy of checkpoint `index` from `holder`'s
-        memory: the generation ends, the next resumes from another copy, storage, or an older one."""
+        """A member was served a corrupt copy of checkpoint `index`: the next generation resumes elsewhere."""
         if w is not None and self.is_member(w) and not self.over(generation):
             self.restart(f"checkpoint {index} served from worker {holder}'s memory is corrupt: {problem}")
 
@@ -377,9 +377,11 @@ class Controller:
     def settle(self, generation: int, index: int, committed: CommittedCheckpoint | None) -> None:
         self.reports.settle(generation, index, committed)
 
-    def storage_failed(self, message: str) -> None:
-        """A permanent storage error: the run cannot store anything, so it fails."""
+    def fail_now(self, message: str, abort: bool = False) -> None:
+        """The run fails at once: storage refused for good, or `abort` (Ctrl-C in the driver, as Ray
+        Train aborts: its workers are ended at once, nothing more is stored)."""
         if not self._state.terminal:
+            self.aborted = abort
             self.fail(message)
             self.wake.set()
 

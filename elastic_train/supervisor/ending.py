@@ -42,16 +42,19 @@ class RunEnding:
     def _stop(self, state: RunState) -> Stop:
         return Stop("run finished" if state is RunState.FINISHED else "run failed", flush=self.flush)
 
-    async def carry_out(self, state: RunState, leaving: list[WorkerRecord]) -> None:
-        """End the run in `state`; `leaving`: a failed run's members told to leave their generation."""
+    async def carry_out(self, state: RunState, leaving: list[WorkerRecord], abort: bool = False) -> None:
+        """End the run in `state`; `leaving`: a failed run's members told to leave their generation;
+        `abort`: every worker is ended at once, and nothing more is stored."""
+        if abort:
+            self._roster.end_all(self._stop(state), now=True)
         await self._telemetry.until(lambda: all(m.outcome is not None or m.status is WorkerStatus.LOST
                                                 for m in leaving), self._elastic.drain_timeout_s)
         live = self._roster.live_ids()
         newest = self._ledger.resume_plan(live, self._roster.holds())
         stored = self._commits.newest
-        self.flush = policy.final_flush(newest, stored.index if stored else 0,
-                                        self._ledger.entries.get(newest.index) if newest else None,
-                                        live=live, failed=state is RunState.ERRORED)
+        self.flush = None if abort else policy.final_flush(
+            newest, stored.index if stored else 0, self._ledger.entries.get(newest.index) if newest else None,
+            live=live, failed=state is RunState.ERRORED)
         self.decided.set()
         self._roster.end_all(self._stop(state), now=False)
         # Members leave after flushing their last checkpoint; its commit is a task of its own.

@@ -206,6 +206,8 @@ LEFT_OUT_FILES: dict[str, str] = {
 }
 
 LEFT_OUT: dict[str, str] = {
+    "v2/tests/test_torch_trainer.py::test_is_backend_nccl":
+        f"{_INTERNALS}: it tests Ray's private helper ray.train.torch.config._is_backend_nccl",
     "v2/tests/test_v2_api.py::test_train_v2_import":
         f"{_INTERNALS}: the RAY_TRAIN_V2_ENABLED switch between Ray's V1 and V2 classes",
     "v2/tests/test_v2_api.py::test_trainer_restore":
@@ -234,6 +236,10 @@ LEFT_OUT: dict[str, str] = {
     "v2/tests/test_config.py::test_scaling_config_accelerator_type":
         f"{_INTERNALS} (ScalingConfig._resources_per_worker_not_none); on purpose, accelerator_type is refused, saying "
         "to ask for it as a resource",
+    "v2/tests/test_config.py::test_scaling_config_validation":
+        "on purpose: one of its checks builds ScalingConfig(use_gpu=True, use_tpu=True) and matches Ray's message "
+        "for both; use_tpu alone is refused here (elastic_train trains on GPUs or CPUs), with its own message. Its "
+        "other checks (GPU resources, label_selector lists) are tests/test_validation.py's",
     "v2/tests/test_config.py::test_scaling_config_tpu_":
         "on purpose: TPUs are refused (use_tpu), elastic_train trains on GPUs or CPUs",
     "v2/tests/test_data_integration.py::test_datasets_callback": f"{_INTERNALS}: Ray's DatasetsCallback and worker group",
@@ -247,6 +253,14 @@ LEFT_OUT: dict[str, str] = {
     "v2/tests/test_serialization.py::test_deserialization_error": f"{_INTERNALS}: Ray's ControllerCallback and TrainRunContext",
     "v2/tests/test_scheduling.py::test_infeasible_placement_strategy":
         f"{_INTERNALS}: Ray's worker group start timeout (ray.train.v2._internal.constants)",
+    **dict.fromkeys((
+        "tests/test_torch_lightning_train.py::test_trainer_with_native_dataloader[dataloader-gpu-",
+        "tests/test_torch_lightning_train.py::test_trainer_with_native_dataloader[datamodule-gpu-",
+        "tests/test_torch_lightning_train.py::test_trainer_with_ray_data[gpu-",
+        "tests/test_torch_lightning_train.py::test_deepspeed_zero_stages",
+        "tests/test_torch_accelerate.py::test_accelerate_base[True]",
+        "tests/test_torch_accelerate.py::test_accelerate_deepspeed",
+    ), _GPUS + " (its cluster's GPUs are Ray's resources only: CUDA is not there)"),
     "v2/tests/test_data_parallel_trainer.py::test_backend_setup":
         "on purpose: a Backend with hooks of its own is refused (backend.py): every generation's workers form "
         "their torch.distributed group themselves, with no hook in between",

@@ -4,7 +4,8 @@ The rule users apply is one textual change: `ray.train` -> `elastic_train`, in i
 the code names the module (`ray.train.report(...)`, with `import elastic_train` beside the `import ray`
 that made it reachable), and `from ray import train` -> `import elastic_train as train`. Two kinds of module are not the public API and keep their Ray names:
 Ray's private modules (a name part with a leading underscore: `ray.train._internal`,
-`ray.train._checkpoint`, `ray.train.v2._internal`), which the tests that use them reach into (those
+`ray.train._checkpoint`, `ray.train.v2._internal`) and the private names imported from a public one
+(`from ray.train.torch.config import _is_backend_nccl`), which the tests that use them reach into (those
 tests are left out, left_out.py), and Ray's examples and test utilities (`ray.train.examples`,
 `ray.tests`, `ray.train.tests`, `ray.train.v2.tests`), programs of their own that the tests import: they are
 taken from Ray's sources as shared modules (`_ray_shared.<name>`), the same in both runs, and ported
@@ -39,7 +40,7 @@ def port(source: str, to_elastic_train: bool) -> str:
     if not to_elastic_train:
         return ported
     ported = re.sub(r"^(\s*)from ray import train\s*$", r"\1import elastic_train as train", ported, flags=re.M)
-    ported = re.sub(rf"\bray\.train\b(?!{_PRIVATE})", "elastic_train", ported)
+    ported = re.sub(rf"\bray\.train\b(?!{_PRIVATE})(?![\w.]*\s+import\s+_)", "elastic_train", ported)
     if re.search(r"\belastic_train\.", ported) and not re.search(r"^import elastic_train\s*$", ported, flags=re.M):
         # `ray.train.report(...)` worked through `import ray`; the module it now names must be imported
         ported = re.sub(r"^import ray\s*$", "import ray\nimport elastic_train", ported, count=1, flags=re.M)

@@ -47,7 +47,7 @@ class CommitHost(Protocol):
     def settle(self, generation: int, index: int, committed: CommittedCheckpoint | None) -> None:
         """Checkpoint `index` of `generation` was committed, or never will be (None)."""
 
-    def storage_failed(self, message: str) -> None:
+    def fail_now(self, message: str) -> None:
         """A permanent storage error: the run cannot store anything, so it fails."""
 
     def live_workers(self) -> set[int]:
@@ -162,7 +162,7 @@ class Commits:
             self._telemetry.record(events.CommitGivenUp(index, str(exc)))
             return
         except StorageError as exc:
-            self._host.storage_failed(str(exc))
+            self._host.fail_now(str(exc))
             return
         self._telemetry.record(events.CheckpointCommitted(index, manifest.generation, len(manifest.files),
                                                           manifest.total_bytes, round(commit_s, 4)))
@@ -179,7 +179,7 @@ class Commits:
         except TransientStorageError as exc:
             logger.warning("could not remove an obsolete checkpoint folder: %s; left for the sweep", exc)
         except StorageError as exc:
-            self._host.storage_failed(str(exc))
+            self._host.fail_now(str(exc))
 
     async def _remove(self, victims: list[CommittedCheckpoint]) -> None:
         loop = asyncio.get_running_loop()
