@@ -108,6 +108,13 @@ def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
                              "before its part is copied or stored)")
 
 
+def add_room_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--room", type=int, default=1,
+                        help="CPUs the Ray instance has beyond the workers', every system alike: room for "
+                             "elastic_train's warm spare (ElasticConfig.warm_spares_per_node). 0: none, as the "
+                             "figures before 2026-12-07 were measured")
+
+
 def chosen_checkpointing(args: argparse.Namespace) -> Checkpointing:
     if args.checkpoint_every < 0 or (args.live and args.checkpoint_every == 0):
         raise SystemExit("--checkpoint-every must be at least 1 with --live (the live state's storing cadence), "

@@ -7,9 +7,11 @@ goodput (the compute time of the steps that count over wall time) falls off.
 What: the workload and the measurements of `benchmarks/preemption.py`, under a fixed schedule of
 `--faults` SIGKILLs of a random worker, one every T seconds, for each T of `--intervals`; every
 system runs the same schedule, one after the other (torchft with its DDP comm hook patched: see
-`benchmarks.torchft_system`). Beside goodput, "between steps": rank 0's time from a step's end to the
-next one's start, fault-free at full size (the loop's own save, the report, the next batch), median
-and mean; it bounds goodput from above at step / (step + it).
+`benchmarks.torchft_system`). Beside goodput, "back at full size": from a kill to the first step
+completed by every worker again (elastic_train's warm spare stands in the CPU `--room` leaves); and
+"between steps": rank 0's time from a step's end to the next one's start, fault-free at full size
+(the loop's own save, the report, the next batch), median and mean; it bounds goodput from above at
+step / (step + it).
 
     python -m benchmarks.goodput_sweep --quick --out /tmp/bench_goodput
     python -m benchmarks.goodput_sweep --intervals 10,30,60 --faults 4 --out results/goodput_sweep
@@ -25,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (add_checkpoint_options, add_systems_option, chosen_checkpointing, chosen_systems,
-                               machine_facts)
+from benchmarks.common import (add_checkpoint_options, add_room_option, add_systems_option, chosen_checkpointing,
+                               chosen_systems, machine_facts)
 from benchmarks.preemption import ROOT, SYSTEMS, Fault, run
 
 logger = logging.getLogger("benchmarks.goodput_sweep")
@@ -34,11 +36,13 @@ logger = logging.getLogger("benchmarks.goodput_sweep")
 
 def table(report: dict[str, Any]) -> str:
     """The report's markdown table."""
-    rows = ["| failure interval | system | goodput | resume median | steps redone | between steps, median / mean |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| failure interval | system | goodput | resume median | back at full size, median | steps redone "
+            "| between steps, median / mean |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for p in report["points"]:
         rows.append(f"| {p['interval_s']:g} s | {p['system']} | {p['goodput']:.3f} | {p['resume_s_median']} s "
-                    f"| {p['steps_redone_total']} | {p['between_steps_ms_median']} / {p['between_steps_ms_mean']} ms |")
+                    f"| {p['full_size_s_median']} s | {p['steps_redone_total']} "
+                    f"| {p['between_steps_ms_median']} / {p['between_steps_ms_mean']} ms |")
     return "\n".join(rows)
 
 
@@ -52,6 +56,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     add_systems_option(parser, SYSTEMS)
     add_checkpoint_options(parser)
+    add_room_option(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "goodput_sweep")
     args = parser.parse_args()
     systems = chosen_systems(parser, args, SYSTEMS)
@@ -69,15 +74,16 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, folder,
                      {"interval_s": interval, "steps": steps, "step_time_s": args.step_time}, label="run",
-                     with_plot=False, checkpointing=checkpointing)
+                     with_plot=False, checkpointing=checkpointing, room=args.room)
         for s in report["systems"]:
             points.append({"interval_s": interval, "system": s["system"], "goodput": s["goodput"],
-                           "resume_s_median": s["resume_s_median"], "steps_redone_total": s["steps_redone_total"],
+                           "resume_s_median": s["resume_s_median"], "full_size_s_median": s["full_size_s_median"],
+                           "steps_redone_total": s["steps_redone_total"],
                            "between_steps_ms_median": s["between_steps_ms_median"],
                            "between_steps_ms_mean": s["between_steps_ms_mean"],
                            "faults": s["faults"]})
     summary = {"benchmark": "goodput_sweep", "faults_per_interval": count, "step_time_s": args.step_time,
-               "checkpointing": checkpointing.describe(),
+               "checkpointing": checkpointing.describe(), "room_cpus": args.room,
                "ray_train_health_check_interval_s": args.ray_poll_s, "machine": machine_facts(),
                "total_wall_s": round(time.monotonic() - started, 2), "points": points}
     (out / "goodput_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -24,7 +24,8 @@ rank logs every completed step, before `report()`. Per kill:
 * `resume_s`: the kill to the first step any rank completes after it. A survivor finishing the
   step it was already in when the kill came does not count: it is not a recovery.
 * `full_size_s`: the kill to the first step completed by 2 workers again (elastic_train goes on
-  with 1 and grows back when Ray has placed a new worker; Ray Train restarts with 2).
+  with 1 and grows back once a new worker is ready: at once where its warm spare stood by, in the CPU
+  `--room` leaves it; Ray Train restarts with 2).
 * `grow_pause_s`: the survivors' longest pause when the group grows back: the time from the end of a
   survivor's last step at 1 worker to the end of its first step at 2, less a normal step (rank 0's
   median). Wherever the system makes it wait (elastic_train between steps, torchft inside the step,
@@ -73,7 +74,7 @@ from benchmarks import torchft_system
 from benchmarks.fsdp_loop import FSDP_WIDTH
 from benchmarks.common import (Checkpointing, add_checkpoint_options, add_systems_option, chosen_checkpointing,
                                chosen_systems, dataset_rows, machine_facts, median_spread, reported_step, spread, start_ray,
-                               WIDTH)
+                               WIDTH, add_room_option)
 from elastic_train.torch import TorchTrainer as ElasticTorchTrainer
 
 logger = logging.getLogger("benchmarks.kill_recovery")
@@ -89,8 +90,10 @@ FRAMEWORKS = {"torch": "benchmarks.common", "lightning": "benchmarks.lightning_l
 
 def run_system(system: str, framework: str, kills: int, kill_every: int, step_time: float,
                ray_poll_s: float | None, out: Path, checkpointing: Checkpointing = Checkpointing(),
-               width: int = WIDTH, fixed: bool = False, workers: int = NUM_WORKERS, data: str = "torch") -> dict[str, Any]:
-    """Run `framework`'s loop under `system` on a fresh Ray instance; returns its measurements."""
+               width: int = WIDTH, fixed: bool = False, workers: int = NUM_WORKERS, data: str = "torch",
+               room: int = 1) -> dict[str, Any]:
+    """Run `framework`'s loop under `system` on a fresh Ray instance with `room` CPUs beyond what the
+    workers (and Ray Data) take; returns its measurements."""
     train_loop = importlib.import_module(FRAMEWORKS[framework]).train_loop
     workdir = out / system
     shutil.rmtree(workdir, ignore_errors=True)
@@ -103,8 +106,8 @@ def run_system(system: str, framework: str, kills: int, kill_every: int, step_ti
     if system == "ray_train" and ray_poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name = str(workdir / "storage"), "kill_recovery"
-    spare = 2 if data == "ray" else 0  # Ray Data's tasks: CPUs the workers leave
-    start_ray(workers + spare, env)
+    for_data = 2 if data == "ray" else 0  # Ray Data's tasks: CPUs the workers leave
+    start_ray(workers + for_data + room, env)
     datasets = {"train": ray.data.range(dataset_rows(config, workers))} if data == "ray" else None
     try:
         started = time.monotonic()
@@ -267,6 +270,7 @@ def main() -> None:
                              f"width {FSDP_WIDTH} (3.2 M parameters), AdamW; torchft is not run (it does not re-shard)")
     add_systems_option(parser, SYSTEMS)
     add_checkpoint_options(parser)
+    add_room_option(parser)
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for kill_recovery.json and each system's logs and checkpoints "
                              "(default: results/kill_recovery, with _<framework> for a framework other than torch)")
@@ -306,7 +310,8 @@ def main() -> None:
     for system in systems:
         logger.info("%s (%s loop): %d kills, one every %d steps", system, args.framework, kills, args.kill_every)
         results.append(run_system(system, args.framework, kills, args.kill_every, args.step_time, args.ray_poll_s,
-                                  out, chosen_checkpointing(args), args.width, args.fixed, workers, args.data))
+                                  out, chosen_checkpointing(args), args.width, args.fixed, workers, args.data,
+                                  args.room))
         logger.info("%s: done in %.1f s", system, results[-1]["wall_s"])
     report = {
         "benchmark": "kill_recovery",
@@ -320,6 +325,7 @@ def main() -> None:
         "elastic_train_scaling": workers if args.fixed else [1, workers],
         "ray_train_health_check_interval_s": args.ray_poll_s,
         "checkpointing": chosen_checkpointing(args).describe(),
+        "room_cpus": args.room,
         "total_wall_s": round(time.monotonic() - started, 2),
         "machine": machine_facts(),
         "systems": results,

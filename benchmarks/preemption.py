@@ -71,6 +71,7 @@ from benchmarks import torchft_system
 from benchmarks.common import (
     Checkpointing,
     add_checkpoint_options,
+    add_room_option,
     chosen_checkpointing,
     add_systems_option,
     chosen_systems,
@@ -168,8 +169,9 @@ class FaultInjector(threading.Thread):
 
 
 def run_system(system: str, faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
-               out: Path, checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
-    """Run the loop under `system` on a fresh Ray instance, injecting `faults`; returns its measurements."""
+               out: Path, checkpointing: Checkpointing = Checkpointing(), room: int = 1) -> dict[str, Any]:
+    """Run the loop under `system` on a fresh Ray instance of the workers' CPUs and `room` more, injecting
+    `faults`; returns its measurements."""
     workdir = out / system
     shutil.rmtree(workdir, ignore_errors=True)
     log = workdir / "log"
@@ -181,7 +183,7 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(ray_poll_s)
     storage, name, budget = str(workdir / "storage"), "preemption", len(faults) + 2
     injector = FaultInjector(log, faults, seed)
-    start_ray(NUM_WORKERS, env)
+    start_ray(NUM_WORKERS + room, env)
     try:
         injector.start()
         started = time.monotonic()
@@ -220,10 +222,12 @@ def run_system(system: str, faults: list[Fault], steps: int, step_time: float, r
 def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
             noticed_at: list[float] | None) -> dict[str, Any]:
     """Per fault: detection (the first of `noticed_at` after it; None: when the other workers' processes
-    ended), resume and steps redone; per system: goodput over the loop's wall time."""
+    ended), resume, back at full size (the first step completed by every worker again) and steps redone;
+    per system: goodput over the loop's wall time."""
     ends = [f["time"] for f in faults[1:]] + [float("inf")]
     detect: list[float | None] = []
     resume: list[float | None] = []
+    full_size: list[float | None] = []
     for fault, end in zip(faults, ends):
         if noticed_at is not None:
             noticed = next((t for t in sorted(noticed_at) if t >= fault["time"]), None)
@@ -234,6 +238,8 @@ def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
         after = [r for r in progress if fault["time"] < r["time"] < end
                  and not (r["pid"] in in_step and r["start"] < fault["time"])]
         resume.append(round(after[0]["time"] - fault["time"], 3) if after else None)
+        back = next((r for r in after if r["world_size"] == NUM_WORKERS), None)
+        full_size.append(round(back["time"] - fault["time"], 3) if back else None)
     rank0 = [r for r in progress if r["rank"] == 0]
     redone = [0] * len(faults)
     last_run: dict[int, dict[str, Any]] = {}
@@ -255,6 +261,7 @@ def measure(progress: list[dict[str, Any]], faults: list[dict[str, Any]],
         "segments": [f["segment"] for f in faults],
         **spread("detect_s", detect),
         **spread("resume_s", resume),
+        **spread("full_size_s", full_size),
         **spread("steps_redone", redone),
         "steps_redone_total": sum(redone),
         "goodput": round(useful / loop_wall, 3),
@@ -313,13 +320,13 @@ def plot(results: list[dict[str, Any]], out: Path, bin_s: float = 1.0) -> Path:
 
 def run(systems: list[str], faults: list[Fault], steps: int, step_time: float, ray_poll_s: float, seed: int,
         out: Path, settings: dict[str, Any], label: str = "preemption", with_plot: bool = True,
-        checkpointing: Checkpointing = Checkpointing()) -> dict[str, Any]:
+        checkpointing: Checkpointing = Checkpointing(), room: int = 1) -> dict[str, Any]:
     """Every system under the same schedule; writes `<label>.json` (and the plot) to `out`."""
     started = time.monotonic()
     results = []
     for system in systems:
         logger.info("%s: %d faults, %d steps", system, len(faults), steps)
-        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out, checkpointing)
+        res = run_system(system, faults, steps, step_time, ray_poll_s, seed, out, checkpointing, room)
         res["_progress"] = read_progress(out / system / "log")
         res["_faults"] = json.loads((out / system / "faults.json").read_text())
         results.append(res)
@@ -359,6 +366,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     add_systems_option(parser, SYSTEMS)
     add_checkpoint_options(parser)
+    add_room_option(parser)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "preemption")
     args = parser.parse_args()
     systems = chosen_systems(parser, args, SYSTEMS)
@@ -372,9 +380,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"step_time_s": args.step_time, "steps": steps, "interval_s": interval, "per_segment": per_segment,
                 "trace": TRACE.name, "trace_compress": args.compress, "seed": args.seed,
-                "ray_train_health_check_interval_s": args.ray_poll_s}
+                "ray_train_health_check_interval_s": args.ray_poll_s, "room_cpus": args.room}
     report = run(systems, faults, steps, args.step_time, args.ray_poll_s, args.seed, out, settings,
-                 checkpointing=chosen_checkpointing(args))
+                 checkpointing=chosen_checkpointing(args), room=args.room)
     print("\n" + table(report))
     print(f"\ntotal {report['total_wall_s']:.1f} s; {out / 'preemption.json'}, {out / 'preemption.png'}")
 

@@ -47,7 +47,12 @@ def test_node_removed_then_added(three_node_cluster, run_dirs):
     # Both survivors kept their processes through the shrink and the growth.
     assert survivors_pids <= {p["pid"] for p in progress if p["world"] == 3 and p["time"] > added_at}
     assert result.world_sizes[:1] == [3] and 2 in result.world_sizes and result.world_sizes[-1] == 3
-    print("remove_node -> step at world 2: %.3f s" % (shrunk[0]["time"] - removed_at))
+    # The loop reports a checkpoint every step: the new node's worker joins at the next report once ready.
+    ready = next(e for e in result.events if e["kind"] == "worker_ready" and e["time"] > added_at)
+    grown = next(e for e in result.events if e["kind"] == "generation" and e["time"] > ready["time"])
+    assert grown["world_size"] == 3 and grown["time"] - ready["time"] <= 0.5, (ready, grown)
+    print("remove_node -> step at world 2: %.3f s; worker ready -> grown: %.3f s"
+          % (shrunk[0]["time"] - removed_at, grown["time"] - ready["time"]))
 
 
 @pytest.mark.timeout(240)

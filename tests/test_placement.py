@@ -9,7 +9,7 @@ import pytest
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from elastic_train.supervisor.placement import (Node, avoiding, free_slots, matches, pack_node, placeable,
-                                               selector_for, slot_of)
+                                               selector_for, slot_of, spare_nodes)
 
 CPU = {"CPU": 1.0}
 
@@ -85,3 +85,18 @@ def test_each_slot_has_its_selector_and_a_replacement_takes_the_lost_workers_slo
     assert slot_of({"pool": "b"}, [{"pool": "a"}, {"pool": "b"}], [0, 1]) == 1
     assert slot_of({"pool": "c"}, [{"pool": "a"}, {"pool": "b"}], [1]) == 1
     assert slot_of({}, None, [2, 3]) == 2
+    assert slot_of({}, None, []) == -1  # every slot filled: an adopted worker beyond them is a spare
+
+
+@pytest.mark.timeout(10)
+def test_warm_spares_go_beside_the_run_s_workers_where_a_node_has_room_for_one_more():
+    need = {"CPU": 2.0, "GPU": 1.0}
+    free = {"a": {"CPU": 4.0, "GPU": 1.0}, "b": {"CPU": 1.0, "GPU": 2.0}, "c": {"CPU": 8.0, "GPU": 8.0}}
+    # "b" has no room (one CPU free); "c" hosts none of the run's workers; "a" holds one.
+    assert spare_nodes(need, free, {"a", "b"}, Counter(), 1) == ["a"]
+    assert spare_nodes(need, free, {"a", "b"}, Counter({"a": 1}), 1) == []  # it has its spare already
+    assert spare_nodes(need, free, {"a", "c"}, Counter(), 2) == ["a", "c", "c"]  # as many as room holds
+    assert spare_nodes(need, free, {"a"}, Counter(), 0) == []  # turned off
+    assert spare_nodes({}, free, {"d"}, Counter(), 1) == ["d"]  # a worker that asks for nothing fits anywhere
+    assert spare_nodes(need, free, {"a"}, Counter(), 1, leave={"CPU": 3.0}) == []  # Ray Data's CPUs kept free
+    assert spare_nodes(need, free, {"a", "c"}, Counter(), 2, leave={"CPU": 1.0}) == ["a", "c", "c"]

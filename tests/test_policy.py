@@ -352,20 +352,38 @@ def _worker(worker_id: int, node: str, generation: int = -1, rank: int = -1) -> 
 
 
 @pytest.mark.timeout(10)
-def test_a_generation_keeps_its_survivors_order_then_takes_newcomers_by_id_up_to_the_maximum():
+def test_a_generation_keeps_its_survivors_numbers_and_fills_the_ranks_of_those_gone_up_to_the_maximum():
     # Generation 3 had workers 7 (rank 0), 5 (rank 2) and 9 (rank 1); rank 1 is gone, 2 and 4 are new,
     # and worker 6 sat out generation 3 as a standby (rank -1): a newcomer too.
     candidates = [_worker(5, "b", 3, 2), _worker(4, "a"), _worker(7, "a", 3, 0), _worker(2, "b"), _worker(6, "c", 3, -1)]
     plan = plan_generation(candidates, generation=3, max_workers=4, replicate=True)
-    assert {wid: p.rank for wid, p in plan.placements.items()} == {7: 0, 5: 1, 2: 2, 4: 3}
-    assert list(plan.placements) == [7, 5, 2, 4] and plan.master == 7  # rank 0 stays rank 0
-    assert plan.buddies == {7: 5, 5: 2, 2: 4, 4: 7}  # the next rank keeps a copy, in a ring
+    assert {wid: p.rank for wid, p in plan.placements.items()} == {7: 0, 2: 1, 5: 2, 4: 3}  # 5 keeps rank 2
+    assert list(plan.placements) == [7, 2, 5, 4] and plan.master == 7  # rank 0 stays rank 0
+    assert plan.buddies == {7: 2, 2: 5, 5: 4, 4: 7}  # the next rank keeps a copy, in a ring
     assert {wid: (p.node_rank, p.local_rank, p.local_world_size) for wid, p in plan.placements.items()} == {
-        7: (0, 0, 2), 5: (1, 0, 2), 2: (1, 1, 2), 4: (0, 1, 2)}
+        7: (0, 0, 2), 2: (1, 0, 2), 5: (1, 1, 2), 4: (0, 1, 2)}
     # A survivor of an older generation is a newcomer; alone, or without replication, nobody keeps a copy.
     alone = plan_generation([_worker(8, "a", 1, 0)], generation=3, max_workers=4, replicate=True)
     assert alone.master == 8 and alone.buddies == {}
     assert plan_generation(candidates, generation=3, max_workers=2, replicate=False).buddies == {}
+
+
+@pytest.mark.timeout(10)
+def test_a_replacement_takes_the_lost_rank_and_the_survivors_keep_their_places():
+    # Rank 0 of three on node "a" was lost; the spares on "b" (worker 3) and "a" (worker 8) are ready.
+    survivors = [_worker(5, "a", 3, 1), _worker(6, "a", 3, 2)]
+    plan = plan_generation([*survivors, _worker(3, "b"), _worker(8, "a")], generation=3, max_workers=3,
+                           replicate=False, vacated={0: "a"})
+    assert {wid: (p.rank, p.local_rank, p.node_rank) for wid, p in plan.placements.items()} == {
+        8: (0, 0, 0), 5: (1, 1, 0), 6: (2, 2, 0)}  # the spare on the lost rank's node, at its number
+    assert plan.master == 8
+    # Without a replacement the survivors close ranks (a world of 2 has no rank 2), rank order kept.
+    shrunk = plan_generation(survivors, generation=3, max_workers=3, replicate=False, vacated={0: "a"})
+    assert {wid: p.rank for wid, p in shrunk.placements.items()} == {5: 0, 6: 1}
+    # A survivor whose number is past the new world: every rank closes up, the newcomer last.
+    grown = plan_generation([_worker(5, "a", 3, 3), _worker(6, "a", 3, 0), _worker(9, "b")], generation=3,
+                            max_workers=3, replicate=False, vacated={1: "a", 2: "a"})
+    assert {wid: p.rank for wid, p in grown.placements.items()} == {6: 0, 5: 1, 9: 2}
 
 
 @pytest.mark.timeout(10)

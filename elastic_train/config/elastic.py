@@ -86,6 +86,14 @@ class ElasticConfig:
     `get_context()` then answers the new rank and world size: a loop that uses a rank or world size it
     read before its loop (to scale its loss, to pick the rank that saves) needs False, which re-enters
     the loop from its newest checkpoint at every recovery, as Ray Train does."""
+    warm_spares_per_node: int = 1
+    """Worker processes kept ready beside a run at its full size, on each node that hosts its workers
+    and has room for one more (free resources for a worker): started, torch and the loop imported, the
+    GPU's context made, parked. A worker process lost on a live node is replaced by the spare at once,
+    the run back at full size in a fraction of a second instead of a new process's start (seconds). A
+    spare holds a worker's resources (CPUs, GPU) idle from its start, so no other job can take them:
+    that, and its memory, is the cost. A run with datasets leaves a CPU beside it for Ray Data's tasks;
+    none where the run has a label selector per worker. 0: none."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
     sharded_state_budget: float = 0.05
@@ -213,6 +221,9 @@ class ElasticConfig:
             raise ConfigError("ElasticConfig.supervisor_max_restarts must be -1 (always restart), 0 or more.")
         if self.max_queued_uploads < 1:
             raise ConfigError("ElasticConfig.max_queued_uploads must be at least 1.")
+        if not isinstance(self.warm_spares_per_node, int) or self.warm_spares_per_node < 0:
+            raise ConfigError(f"ElasticConfig.warm_spares_per_node={self.warm_spares_per_node!r}: use a whole number "
+                              ">= 0 (0: no warm spares).")
         if self.checkpoints_in_memory < 1:
             raise ConfigError("ElasticConfig.checkpoints_in_memory must be at least 1.")
         if not 0 < self.sharded_state_budget <= 1:

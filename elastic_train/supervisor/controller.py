@@ -194,6 +194,7 @@ class Controller:
                 first=self._generation < 0, expected_initial=self._expected_initial, waited_s=now - self._entered,
                 scaling=self._scaling, elastic=self._elastic), parked)
         elif self._state.training:
+            self.roster.top_up()  # a warm spare once a node has room again (a lost worker's resources freed)
             standby = [w for w in self.roster.standby(self._generation) if not w.leaving]
             staying = [w for w in self.members() if not w.leaving]
             self._carry_out(policy.running(
@@ -308,10 +309,7 @@ class Controller:
         plan = opening.plan
         places = assignments(plan, opening.candidates, self._generation, resume, self._scaling.max_workers,
                              previous_ranks)
-        for w in chosen:
-            self.roster.join(w, places[w.worker_id], start)
-        for w in self.roster.with_status(WorkerStatus.PARKED):
-            self.roster.unranked(w)  # standby beyond max: not a member of this generation
+        self.roster.seat(chosen, places, start)
         self.telemetry.record(GenerationOpened(
             self._generation, len(chosen),
             {w.worker_id: {"rank": plan.placements[w.worker_id].rank, "pid": w.pid, "node": w.node_id} for w in chosen},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from elastic_train.protocol import Assignment, Exit, Outcome, ResumePlan
 
@@ -48,7 +48,7 @@ class WorkerRecord:
     holds: set[tuple[int, int, str]] = field(default_factory=set)  # (generation, index, file) held, told at parking
     last_report: tuple[int, float] = (0, 0.0)  # (index, monotonic time) of its last report in its generation
     leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
-    slot: int = 0  # which of the run's `max` places it fills: its label selector (placement.py)
+    slot: int = 0  # which of the run's `max` places it fills: its label selector (placement.py); -1: a warm spare
     planned_node: str = ""  # the node PACK asked for, until it runs (then `node_id`)
 
     def is_member(self, generation: int) -> bool:
@@ -69,9 +69,24 @@ class Placement:
     node_rank: int
 
 
-def assign_ranks(survivors: list[WorkerRecord], newcomers: list[WorkerRecord]) -> dict[int, Placement]:
-    """Ranks for a new generation: survivors keep their order (rank 0 stays rank 0), newcomers follow."""
-    ordered = sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id)
+def assign_ranks(survivors: list[WorkerRecord], newcomers: list[WorkerRecord],
+                 vacated: Mapping[int, str] | None = None) -> dict[int, Placement]:
+    """Ranks for a new generation. Survivors keep their numbers where they all fit the new world, the
+    newcomers filling the ranks of those gone (each that of a worker gone from its own node, where
+    `vacated`, rank to node, names one): a replacement takes the lost rank's place, and no survivor's
+    changes. Else survivors keep their order (rank 0 stays rank 0) and newcomers follow, by id."""
+    kept = sorted(survivors, key=lambda w: w.rank)
+    pool = sorted(newcomers, key=lambda w: w.worker_id)
+    size = len(kept) + len(pool)
+    if all(w.rank < size for w in kept):
+        by_rank: dict[int, WorkerRecord] = {w.rank: w for w in kept}
+        for rank in (r for r in range(size) if r not in by_rank):
+            node = (vacated or {}).get(rank)
+            by_rank[rank] = pick = next((w for w in pool if w.node_id == node), pool[0])
+            pool.remove(pick)
+        ordered = [by_rank[rank] for rank in range(size)]
+    else:
+        ordered = kept + pool
     nodes: list[str] = []
     for w in ordered:
         if w.node_id not in nodes:
@@ -99,16 +114,19 @@ class GenerationPlan:
     buddies: dict[int, int]
 
 
-def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers: int,
-                    replicate: bool) -> GenerationPlan:
+def plan_generation(candidates: list[WorkerRecord], generation: int, max_workers: int, replicate: bool,
+                    vacated: Mapping[int, str] | None = None) -> GenerationPlan:
     """The next generation of `candidates` (the parked workers ready to join, after `generation`):
-    its survivors first, in their order (rank 0 stays rank 0), then newcomers by worker id, at most
-    `max_workers` in all."""
+    its survivors, then newcomers, those on a node a member of `generation` left first (`vacated`:
+    its rank to its node), then by worker id, at most `max_workers` in all; ranks by `assign_ranks`."""
     survivors = [w for w in candidates if w.is_member(generation)]
     kept = {w.worker_id for w in survivors}
-    newcomers = [w for w in candidates if w.worker_id not in kept]
-    chosen = (sorted(survivors, key=lambda w: w.rank) + sorted(newcomers, key=lambda w: w.worker_id))[:max_workers]
-    placements = assign_ranks([w for w in chosen if w.worker_id in kept], [w for w in chosen if w.worker_id not in kept])
+    left_nodes = set((vacated or {}).values())
+    newcomers = sorted((w for w in candidates if w.worker_id not in kept),
+                       key=lambda w: (w.node_id not in left_nodes, w.worker_id))
+    chosen = (sorted(survivors, key=lambda w: w.rank) + newcomers)[:max_workers]
+    placements = assign_ranks([w for w in chosen if w.worker_id in kept], [w for w in chosen if w.worker_id not in kept],
+                              vacated)
     by_rank = {placement.rank: worker_id for worker_id, placement in placements.items()}
     buddies = ({worker_id: by_rank[(placement.rank + 1) % len(chosen)] for worker_id, placement in placements.items()}
                if replicate and len(chosen) > 1 else {})

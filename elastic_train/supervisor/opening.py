@@ -47,13 +47,20 @@ class Openings:
                               for w in candidates], [w.rank for w in candidates])
         if at is None:
             return None, None
-        placements = plan_generation(candidates, generation, self._scaling.max_workers, False).placements
+        placements = plan_generation(candidates, generation, self._scaling.max_workers, False,
+                                     self.vacated(candidates, generation)).placements
         world = len(placements)
         places = [{"rank": p.rank, "world_size": world, "local_rank": p.local_rank,
                    "local_world_size": p.local_world_size, "node_rank": p.node_rank}
                   for p in (placements[w.worker_id] for w in candidates)]
         why = policy.unfaithful([w.outcome.reads for w in candidates], places)
         return (None, why) if why is not None else (at, None)
+
+    def vacated(self, candidates: list[WorkerRecord], generation: int) -> dict[int, str]:
+        """The ranks of `generation` whose members are not among `candidates`, and their nodes: a
+        replacement there takes the rank (membership.assign_ranks)."""
+        staying = {w.worker_id for w in candidates}
+        return {w.rank: w.node_id for w in self._roster.members(generation) if w.worker_id not in staying}
 
     def newest_state(self, workers: list[WorkerRecord]) -> ResumePlan | None:
         """The newest state `workers` can resume from, in their memory or in storage."""
@@ -69,7 +76,8 @@ class Openings:
             back = len(survivors) < self._scaling.min_workers <= len(candidates)
             if not policy.newcomers_join(at, newest.index if newest else None, back_at_size=back):
                 candidates = survivors  # they go on in place; the newcomers join at a report with a checkpoint
-        plan = plan_generation(candidates, generation, self._scaling.max_workers, self._elastic.replicate_checkpoints)
+        plan = plan_generation(candidates, generation, self._scaling.max_workers, self._elastic.replicate_checkpoints,
+                               self.vacated(candidates, generation))
         records = {w.worker_id: w for w in candidates}
         chosen = [records[worker_id] for worker_id in plan.placements]
         at = self.going_on(chosen, generation)[0]

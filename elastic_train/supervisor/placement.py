@@ -7,7 +7,8 @@ ask for the node that already hosts most of the run's workers and, by its total 
 run's own workers there, has room for one more (a preference: a node whose room other work holds spills
 the worker to wherever Ray places it); SPREAD and STRICT_SPREAD use Ray's SPREAD strategy. A list of
 label selectors gives each worker slot its own, as Ray gives each bundle; a replacement takes the slot
-of the worker it replaces. Pure functions of what the roster knows.
+of the worker it replaces. Warm spares (`ElasticConfig.warm_spares_per_node`) go beside the run's
+workers, on nodes whose free resources hold one more. Pure functions of what the roster knows.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def free_slots(taken: set[int], max_workers: int, count: int) -> list[int]:
 
 def slot_of(labels: Mapping[str, str], label_selector: Selector | Sequence[Selector] | None, free: list[int]) -> int:
     """The slot of a worker found running on a node with `labels` (a restarted supervisor adopting it):
-    the first free slot whose selector that node satisfies, else the first free one."""
-    return next((s for s in free if matches(selector_for(label_selector, s), labels)), free[0] if free else 0)
+    the first free slot whose selector that node satisfies, else the first free one; -1 (a spare) when
+    none is free."""
+    return next((s for s in free if matches(selector_for(label_selector, s), labels)), free[0] if free else -1)
 
 
 def avoiding(nodes: Sequence[Node], leaving: set[str], selector: Selector) -> tuple[list[Node], dict[str, str]]:
@@ -102,3 +104,17 @@ def placeable(need: Mapping[str, float], nodes: Sequence[Node], label_selector: 
             placed[node] += 1
             count += 1
     return count
+
+
+def spare_nodes(need: Mapping[str, float], free: Mapping[str, Mapping[str, float]], hosts: set[str],
+                spares: Counter[str], per_node: int, leave: Mapping[str, float] | None = None) -> list[str]:
+    """Where to start warm spares: each node that hosts the run's workers (`hosts`), up to `per_node`
+    spares there (`spares`: those it has, starting ones included), as many as its free resources
+    (`free`, by node) hold after `leave` (what the run's Ray Data tasks need to go on). A spare holds a
+    worker's resources from its start, so that no other job can take them; a node with no room gets none."""
+    wanted: list[str] = []
+    for node in sorted(hosts):
+        room = min((int((free.get(node, {}).get(k, 0.0) - (leave or {}).get(k, 0.0)) / v + 1e-9)
+                    for k, v in need.items() if v > 0), default=per_node)
+        wanted += [node] * max(min(per_node - spares[node], room), 0)
+    return wanted

@@ -1,8 +1,9 @@
 """The roster: the run's workers and their records, and the only code that changes a `WorkerRecord`.
 
 Workers are requested up to the maximum (a replacement away from machines under a preemption notice),
-watched until they end, and, once lost, dropped and ended: a frozen or hung process would keep its
-slot (its CPUs, its GPU), and no replacement could be placed."""
+and warm spares beside a run at its full size (placement.spare_nodes: one parks until it replaces a
+lost worker); all are watched until they end, and, once lost, dropped and ended: a frozen or hung
+process would keep its slot (its CPUs, its GPU), and no replacement could be placed."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import logging
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping
 
 import ray
+import ray._private.state
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elastic_train.config import ElasticConfig, ScalingConfig
@@ -92,43 +94,68 @@ class Roster:
 
     def top_up(self) -> None:
         """Keep `max` worker actors alive or pending; pending ones start when capacity appears. A worker
-        under a preemption notice is on its way out: its replacement is requested at once."""
+        under a preemption notice is on its way out: its replacement is requested at once. A run with
+        all of them alive gets its warm spares."""
         if self.over:
             return
         alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
         slots = placement.free_slots({w.slot for w in alive}, self._scaling.max_workers,
                                      self._scaling.max_workers - len(alive))
         if not slots:
+            self._add_spares(alive)
             return
         resources = self._scaling.worker_resources()
         alive_nodes = self._alive_nodes()
         placed = Counter(w.node_id or w.planned_node for w in alive)
+        spread = "SPREAD" in self._scaling.placement_strategy
         for slot in slots:
-            worker_id = self.next_id
-            self.next_id += 1
             nodes, selector = placement.avoiding(alive_nodes, self.leaving_nodes,
                                                  placement.selector_for(self._scaling.label_selector, slot))
-            node = None if "SPREAD" in self._scaling.placement_strategy else placement.pack_node(resources, nodes, placed)
+            node = None if spread else placement.pack_node(resources, nodes, placed)
             placed[node] += 1
-            actor = self._class.options(
-                name=worker_name(self._prefix, worker_id),
-                namespace=ACTOR_NAMESPACE,
-                lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
-                num_cpus=resources.get("CPU", 0),
-                num_gpus=resources.get("GPU", 0),
-                resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
-                max_concurrency=6,
-                # PACK's node is a preference: one without room now spills the worker elsewhere (Ray Data's
-                # locality hint uses the same private switch)
-                scheduling_strategy="SPREAD" if "SPREAD" in self._scaling.placement_strategy else
-                NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True) if node else "DEFAULT",
-                label_selector=selector or None,
-                # NCCL: the c10d watchdog must not end a survivor's process (worker/group/nccl_env.py); set
-                # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
-                runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
-                if self._spec.backend == "nccl" else None,
-            ).remote(worker_id, self.supervisor, self._spec)
-            self.watch(WorkerRecord(worker_id, actor, slot=slot, planned_node=node or ""), actor.run.remote())
+            # PACK's node is a preference: one without room now spills the worker elsewhere (Ray Data's
+            # locality hint uses the same private switch)
+            self._start(slot, node or "", "SPREAD" if spread else
+                        NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True) if node else
+                        "DEFAULT", selector)
+
+    def _add_spares(self, alive: list[WorkerRecord]) -> None:
+        """Warm spares beside the run's workers (placement.spare_nodes), once none of its own is pending:
+        each pinned to its node, where it replaces a worker lost there."""
+        per_node = self._elastic.warm_spares_per_node
+        if (not per_node or not isinstance(self._scaling.label_selector, (Mapping, type(None)))
+                or any(w.status is WorkerStatus.PENDING and w.slot >= 0 for w in alive)):
+            return
+        hosts = {w.node_id for w in alive if w.status is WorkerStatus.TRAINING} - self.leaving_nodes
+        spares = Counter(w.node_id or w.planned_node for w in alive if w.slot < 0)
+        if not hosts or all(spares[node] >= per_node for node in hosts):
+            return
+        free = ray._private.state.available_resources_per_node()  # a DeveloperAPI: what each node has free now
+        leave = {"CPU": 1.0} if self._spec.with_datasets else {}  # Ray Data's tasks go on beside a spare
+        for node in placement.spare_nodes(self._scaling.worker_resources(), free, hosts, spares, per_node, leave):
+            self._start(-1, node, NodeAffinitySchedulingStrategy(node, soft=False), {})
+
+    def _start(self, slot: int, node: str, strategy: Any, selector: dict[str, str]) -> None:
+        """Request one worker actor for `slot` (-1: a spare), on `node` where it is planned there."""
+        worker_id = self.next_id
+        self.next_id += 1
+        resources = self._scaling.worker_resources()
+        actor = self._class.options(
+            name=worker_name(self._prefix, worker_id),
+            namespace=ACTOR_NAMESPACE,
+            lifetime="detached",  # outlives a supervisor that Ray restarts (see adoption.py)
+            num_cpus=resources.get("CPU", 0),
+            num_gpus=resources.get("GPU", 0),
+            resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
+            max_concurrency=6,
+            scheduling_strategy=strategy,
+            label_selector=selector or None,
+            # NCCL: the c10d watchdog must not end a survivor's process (worker/group/nccl_env.py); set
+            # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
+            runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
+            if self._spec.backend == "nccl" else None,
+        ).remote(worker_id, self.supervisor, self._spec)
+        self.watch(WorkerRecord(worker_id, actor, slot=slot, planned_node=node), actor.run.remote())
 
     def watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """Keep `worker` and follow it until `ended_ref` (its `run`, or `wait_stopped`) resolves."""
@@ -233,10 +260,6 @@ class Roster:
         """Answer the parked worker's wait."""
         _answer(w, place)
 
-    def unranked(self, w: WorkerRecord) -> None:
-        """A standby beyond the maximum: not a member of the current generation."""
-        w.rank = -1
-
     def rejoined(self, w: WorkerRecord, old_generation: int) -> None:
         """A lost worker that came back parks as a newcomer."""
         self._telemetry.record(FencedWorkerRejoined(w.worker_id, w.pid, old_generation))
@@ -254,21 +277,37 @@ class Roster:
     def reported(self, w: WorkerRecord, index: int) -> None:
         w.last_report = (index, time.monotonic())
 
-    def join(self, w: WorkerRecord, assignment: Assignment, index: int) -> None:
-        """The parked worker is a member of a new generation from report `index` on."""
-        w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, assignment.generation, assignment.rank, None
-        w.last_report = (index, time.monotonic())
-        _answer(w, assignment)
+    def seat(self, chosen: list[WorkerRecord], places: Mapping[int, Assignment], index: int) -> None:
+        """A new generation opened: `chosen` are its members from report `index` on, each at its place
+        (a spare takes the slot of the worker it replaces); the other parked workers stand by (rank -1);
+        a run at full size gets its warm spares."""
+        for w in chosen:
+            if w.slot < 0:
+                taken = {o.slot for o in self.records.values()
+                         if o.status is not WorkerStatus.LOST and not o.leaving and o is not w}
+                w.slot = next((s for s in range(self._scaling.max_workers) if s not in taken), -1)
+            place = places[w.worker_id]
+            w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, place.generation, place.rank, None
+            w.last_report = (index, time.monotonic())
+            _answer(w, place)
+        for w in self.with_status(WorkerStatus.PARKED):
+            w.rank = -1
+        self.top_up()
 
     def holds_copy(self, w: WorkerRecord, generation: int, index: int, names: list[str]) -> None:
         """The parked worker took a copy of files `names` of checkpoint `index` of `generation` into its memory."""
         w.holds.update((generation, index, name) for name in names)
 
     def noticed(self, w: WorkerRecord, machine_goes: bool) -> None:
-        """The worker is under a preemption notice; `machine_goes`: its replacement goes elsewhere."""
+        """The worker is under a preemption notice; `machine_goes`: its replacement goes elsewhere, and
+        the warm spares there leave with the machine."""
         w.leaving = True
         if machine_goes:
             self.leaving_nodes.add(w.node_id)
+            for spare in self.records.values():
+                if spare.slot < 0 and spare.node_id == w.node_id and spare.status is not WorkerStatus.LOST:
+                    spare.leaving = True
+                    _answer(spare, Stop("its machine is about to be taken away"))
 
     def left(self, w: WorkerRecord, stop: Stop) -> None:
         """A worker under a preemption notice leaves the run (out of an ended generation)."""
@@ -287,7 +326,7 @@ class Roster:
         now = time.monotonic()
         labels = {n.node_id: n.labels for n in self._alive_nodes()}
         free = list(range(self._scaling.max_workers))
-        for handle, info in found:
+        for handle, info in sorted(found, key=lambda found: found[1] not in members):  # members' slots first
             member = info in members
             slot = placement.slot_of(labels.get(info.node_id, {}), self._scaling.label_selector, free)
             free = [s for s in free if s != slot]

@@ -91,6 +91,11 @@ class Member:
         if ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid())):
             # before it can be given a place: its peers would wait for it
             warm_up(use_cuda=spec.backend == "nccl", datasets=spec.with_datasets)
+        # From here on: a worker whose `run` never comes (its supervisor died first) learns it, and ends.
+        self._heartbeat = HeartbeatSender(
+            supervisor, worker_id, self._node_id, elastic.heartbeat_interval_s, elastic.heartbeat_reply_timeout_s,
+            lambda: self._generation, self._report_index, self._on_generation_ended, self._on_supervisor_gone)
+        self._heartbeat.start()
 
     # -- called by peers and the supervisor ---------------------------------------------------
     def ping(self) -> int:
@@ -177,15 +182,9 @@ class Member:
                 "every node.")
             logger.error("worker %d: %s", self.worker_id, unshared)
             ray.get(self._supervisor.storage_failed.remote(self.worker_id, unshared))
+            self._heartbeat.stop()
             self._stopped.set()
             return unshared
-        elastic = self._spec.elastic
-        heartbeat = HeartbeatSender(
-            self._supervisor, self.worker_id, self._node_id, elastic.heartbeat_interval_s,
-            elastic.heartbeat_reply_timeout_s, lambda: self._generation, self._report_index, self._on_generation_ended,
-            self._on_supervisor_gone,
-        )
-        heartbeat.start()
         outcome = Outcome(Exit.JOINED)
         try:
             while True:
@@ -200,7 +199,7 @@ class Member:
                     return place.reason
                 outcome = self._run_generation(place)
         finally:
-            heartbeat.stop()
+            self._heartbeat.stop()
             self._notices.stop()
             self._store.close()
             self._held.close()
