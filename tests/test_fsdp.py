@@ -112,7 +112,10 @@ def fit(run_dirs: dict, workers: tuple[int, int], kills: list[dict], checkpoint_
                ScalingConfig(num_workers=workers, use_gpu=True, resources_per_worker={"GPU": gpu_share}))
     result = TorchTrainer(fsdp_kept_loop, train_loop_config=config, scaling_config=scaling,
                           run_config=RunConfig(storage_path=run_dirs["storage"], name="run",
-                                               elastic_config=ElasticConfig(sharded_state_budget=1.0))).fit()
+                                               # the shrink and the growth that re-shard: no warm spare takes the
+                                               # lost rank's place at once (tests/test_warm_spares.py)
+                                               elastic_config=ElasticConfig(sharded_state_budget=1.0,
+                                                                            warm_spares_per_node=0))).fit()
     timeline = summary(result)
     assert result.error is None, f"{str(result.error)[-3000:]}\n{timeline}"
     progress = read_progress(run_dirs["log_dir"])
