@@ -75,10 +75,14 @@ def avoiding(nodes: Sequence[Node], leaving: set[str], selector: Selector) -> tu
     return staying, {**selector, NODE_ID_LABEL_KEY: f"!in({','.join(away)})"}
 
 
+def fits(need: Mapping[str, float], resources: Mapping[str, float]) -> int:
+    """How many workers needing `need` `resources` hold (a worker that asks for nothing: any number)."""
+    return min((int(resources.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0), default=1 << 30)
+
+
 def _room(need: Mapping[str, float], node: Node, placed: Counter[str]) -> int:
     """How many more workers needing `need` the node holds, by its totals less the run's own there."""
-    return min((int(node.resources.get(k, 0.0) / v + 1e-9) for k, v in need.items() if v > 0),
-               default=1 << 30) - placed[node.node_id]
+    return fits(need, node.resources) - placed[node.node_id]
 
 
 def pack_node(need: Mapping[str, float], nodes: Sequence[Node], placed: Counter[str]) -> str | None:
@@ -114,7 +118,6 @@ def spare_nodes(need: Mapping[str, float], free: Mapping[str, Mapping[str, float
     worker's resources from its start, so that no other job can take them; a node with no room gets none."""
     wanted: list[str] = []
     for node in sorted(hosts):
-        room = min((int((free.get(node, {}).get(k, 0.0) - (leave or {}).get(k, 0.0)) / v + 1e-9)
-                    for k, v in need.items() if v > 0), default=per_node)
-        wanted += [node] * max(min(per_node - spares[node], room), 0)
+        left = {k: v - (leave or {}).get(k, 0.0) for k, v in free.get(node, {}).items()}
+        wanted += [node] * max(min(per_node - spares[node], fits(need, left)), 0)
     return wanted

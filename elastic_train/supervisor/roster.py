@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
 from typing import Any, Mapping
@@ -84,9 +83,7 @@ class Roster:
         """How many workers the cluster's free resources could host right now, on nodes their label
         selectors allow."""
         need = self._scaling.worker_resources()
-        free = ray.available_resources()
-        by_free = min((int(math.floor(free.get(k, 0.0) / v + 1e-9)) for k, v in need.items() if v > 0),
-                      default=self._scaling.max_workers)  # a worker that asks for nothing fits anywhere
+        by_free = min(placement.fits(need, ray.available_resources()), self._scaling.max_workers)
         if self._scaling.label_selector is None:
             return by_free
         return min(by_free, placement.placeable(need, self._alive_nodes(), self._scaling.label_selector,
@@ -285,7 +282,7 @@ class Roster:
             if w.slot < 0:
                 taken = {o.slot for o in self.records.values()
                          if o.status is not WorkerStatus.LOST and not o.leaving and o is not w}
-                w.slot = next((s for s in range(self._scaling.max_workers) if s not in taken), -1)
+                w.slot = (placement.free_slots(taken, self._scaling.max_workers, 1) or [-1])[0]
             place = places[w.worker_id]
             w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, place.generation, place.rank, None
             w.last_report = (index, time.monotonic())
