@@ -486,11 +486,15 @@ def test_a_fixed_size_run_goes_on_below_its_size_in_place_while_its_replacement_
 @pytest.mark.parametrize("at, newest, join", [
     (Position(8, 0, "leave"), 8, True),  # every rank left at the report that made the newest checkpoint
     (Position(9, 0, "leave"), 8, False),  # a report of metrics alone: the survivors would redo a step
-    (Position(8, 3), 8, False),  # mid-step
-    (Position(8, 0, "report"), 8, False),
+    (Position(8, 3), 8, False),  # three steps done since the newest checkpoint: they would be redone
+    (Position(8, 0), 8, True),  # in the step after it: that step alone is run again, at the larger size
+    (Position(8, 0, "report"), 8, True),  # in the barrier of the report that made it
+    (Position(8, 0, "collective", 2), 8, True),
     (Position(8, 0, "leave"), None, False),
+    (Position(8, 0), None, False),
 ])
-def test_newcomers_join_survivors_only_where_everyone_starts_from_the_report_just_made(at, newest, join):
+def test_newcomers_join_survivors_where_every_loop_reenters_from_their_last_report(at, newest, join):
+    """As Ray's restart at the size it finds: a ready spare is in the run at the loss."""
     assert policy.newcomers_join(at, newest) is join
 
 

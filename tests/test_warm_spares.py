@@ -66,18 +66,22 @@ def _reference() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("live_state, killed", [(True, 2), (True, 0), (False, 1)],
-                         ids=["kept-state-rank-2", "kept-state-rank-0", "epoch-checkpoint-rank-1"])
-def test_a_worker_killed_on_a_live_node_is_replaced_by_the_warm_spare_at_once(data_ray, run_dirs, live_state, killed):
+@pytest.mark.parametrize("num_workers, live_state, killed", [(3, True, 2), (3, True, 0), (3, False, 1), ((2, 3), True, 1)],
+                         ids=["kept-state-rank-2", "kept-state-rank-0", "epoch-checkpoint-rank-1",
+                              "range-kept-state-rank-1"])
+def test_a_worker_killed_on_a_live_node_is_replaced_by_the_warm_spare_at_once(data_ray, run_dirs, num_workers,
+                                                                             live_state, killed):
     """Three workers on a 4-CPU node: the run starts its spare there once it is at full size. A rank
-    SIGKILLed after the spare is ready: the run is back at 3 workers within 1 s of the kill, the spare at
-    the lost rank, the survivors at theirs. With the state kept live nothing is stored and nothing is
-    lost; with a checkpoint an epoch the loops re-enter from it, as Ray Train's restart at full size
-    does, rather than going on at 2 until a replacement is started."""
+    SIGKILLed after the spare is ready: the run is back at 3 workers within 1 s of the kill, in the
+    first generation after it, the spare at the lost rank, the survivors at theirs. With the state kept
+    live nothing is stored and nothing is lost; with a checkpoint an epoch the loops re-enter from it, as
+    Ray Train's restart at full size does, rather than going on at 2 until a replacement is started. A
+    range `(2, 3)` with its state kept live takes its spare at the loss too (its survivors' last report
+    is the newest kept state), rather than going on at 2 and re-forming at the next report."""
     trainer = et.TorchTrainer(
         spare_loop, train_loop_config={"log_dir": run_dirs["log_dir"], "live_state": live_state, "every": 30,
                                        "step_time": 0.1},
-        scaling_config=et.ScalingConfig(num_workers=3),
+        scaling_config=et.ScalingConfig(num_workers=num_workers),
         run_config=et.RunConfig(name="run", storage_path=run_dirs["storage"]))
     join = fit_in_background(trainer)
     path = os.path.join(run_dirs["storage"], "run")

@@ -251,13 +251,14 @@ def unfaithful(reads: Sequence[Sequence[PlaceRead]], places: Sequence[Mapping[st
 
 def newcomers_join(at: Position, newest: int | None, back_at_size: bool = False) -> bool:
     """Do newcomers join survivors that could go on in place at `at`? Where the newest checkpoint was
-    made at that very report, every rank leaving the group after it: every rank then starts from it
-    and loses nothing (a newcomer has no state to go on from mid-step). And where they bring a run
-    below its minimum back to it (`back_at_size`): every loop re-enters from the newest checkpoint,
-    as Ray Train's restart at full size does. Otherwise the survivors go on alone, and the newcomers
-    join at a report that carries a checkpoint (joining survivors past their last checkpoint would
-    make them redo the steps since)."""
-    return (at.at == "leave" and newest == at.index) or back_at_size
+    made at the survivors' last report and no step was completed since (`at.steps == 0`): every loop
+    re-enters from it at the larger size, as Ray Train's restart at the size it finds does, and the
+    survivors lose at most the step they were in (a warm spare is back in the run at the loss, not at
+    a second re-formation). And where they bring a run below its minimum back to it (`back_at_size`):
+    every loop re-enters from the newest checkpoint. Otherwise the survivors go on alone, and the
+    newcomers join at a report that carries a checkpoint (joining survivors past their last checkpoint
+    would make them redo the steps since)."""
+    return (newest == at.index and at.steps == 0) or back_at_size
 
 
 def hopeless(entry: ReportEntry | None, generation: int, *, current_generation: int, live: set[int],
