@@ -292,10 +292,10 @@ class Controller:
         self._transition(RunState.ERRORED)
 
     def _open_generation(self, candidates: list[WorkerRecord], reason: str = "") -> None:
+        self.reports.close(self._generation)  # first: the plan weighs the newest state its reports made
         opening = self.openings.plan(candidates, self._generation)
         chosen, at = opening.chosen, opening.at
         previous_ranks = tuple(w.rank for w in chosen) if at is not None else None
-        self.reports.close(self._generation)
         resume = self.openings.resume(opening, self._generation)
         self._generation += 1
         self._opened = True
