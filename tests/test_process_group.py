@@ -357,3 +357,26 @@ def test_nccl_env_keeps_the_watchdog_from_ending_the_process(monkeypatch):
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
     assert os.environ["NCCL_HOSTID"].endswith(f"-{os.getpid()}")
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_meets_rank_0_at_the_store_it_served_as_it_parked_before_rank_0_joins():
+    """A worker parks serving a store (`Rendezvous.serve`, the port it gives the supervisor): a peer
+    told to join connects at once, while the worker made rank 0 has not reached its join yet (a client
+    that finds no server listening would retry only after torch's backoff), and rank 0 meets it there."""
+    from concurrent.futures import Future
+
+    from elastic_train.worker.group.rendezvous import Rendezvous
+
+    def wait(opened: Future) -> None:
+        opened.result(TIMEOUT_S)
+
+    leader, peer = Rendezvous("127.0.0.1", TIMEOUT_S), Rendezvous("127.0.0.1", TIMEOUT_S)
+    leader.serve()  # an earlier park's store: replaced by the next one
+    port = leader.serve()
+    reached = peer.open(_assignment(3, 1, 2, port), wait)  # returns once connected: nobody opened rank 0's yet
+    reached.set("from the peer", b"1")
+    served = leader.open(_assignment(3, 0, 2, port), wait)
+    assert served.port == port and served.get("from the peer") == b"1"
+    other = leader.open(_assignment(4, 0, 2, _free_port()), wait)  # no store served on that port: a new one
+    assert other.port != port

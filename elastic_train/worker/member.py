@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import traceback
 from typing import Any
@@ -43,12 +42,6 @@ from elastic_train.worker.warmup import warm_up
 logger = logging.getLogger(__name__)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class Member:
     def __init__(self, worker_id: int, supervisor: Any, spec: WorkerSpec):
         self.worker_id = worker_id
@@ -60,9 +53,10 @@ class Member:
             retain_freed_memory(spec.elastic.snapshot_memory_retain_mb)
         self._held = Holdings(spec.elastic.checkpoints_in_memory, self._send_replica)
         self._reports = ReportSender(self._send_reports, spec.elastic.report_interval_s)
+        self._node_id, self._ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         self._group = GenerationGroup(
             spec.backend, spec.elastic.rendezvous_timeout_s, spec.elastic.collective_timeout_s,
-            spec.elastic.process_group_destroy_timeout_s, spec.elastic.recover_in_place,
+            spec.elastic.process_group_destroy_timeout_s, spec.elastic.recover_in_place, self._ip,
         )
         self._generation: int | None = None
         # (generation, report index, grow): leave the group there (grow: at the first report from there that
@@ -84,8 +78,6 @@ class Member:
             elastic.preemption_sigterm,
             elastic.preemption_sigterm_grace_s,
         )
-        ctx = ray.get_runtime_context()
-        self._node_id, self._ip = ctx.get_node_id(), ray.util.get_node_ip_address()
         # Awaited: the supervisor must know this worker's address before it parks (calls from two threads
         # of one process are not ordered).
         if ray.get(supervisor.worker_started.remote(worker_id, self._node_id, self._ip, os.getpid())):
@@ -211,7 +203,7 @@ class Member:
         outcome.held = self._held.listed()
         logger.info("worker %d parks holding %s", self.worker_id, self._held)
         try:
-            return ray.get(self._supervisor.park.remote(self.worker_id, outcome, free_port()))
+            return ray.get(self._supervisor.park.remote(self.worker_id, outcome, self._group.rendezvous.serve()))
         except ray.exceptions.RayActorError:
             self._on_supervisor_gone()
             return None

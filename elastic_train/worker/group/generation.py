@@ -28,6 +28,7 @@ import torch.distributed as dist
 from elastic_train.protocol import Assignment
 from elastic_train.worker.group.devices import get_device
 from elastic_train.worker.group.nccl_env import apply_nccl_env
+from elastic_train.worker.group.rendezvous import Rendezvous
 from elastic_train.worker.group.world import WorldGroup, forget, install
 
 logger = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ class GenerationGroup:
         collective_timeout_s: float,
         destroy_timeout_s: float,
         in_place: bool = False,
+        host: str = "127.0.0.1",
     ):
         self.backend = backend
+        self.rendezvous = Rendezvous(host, rendezvous_timeout_s)  # the store this worker serves as it parks
         self._in_place = in_place and backend == "gloo"  # the default group is the process's WorldGroup
         self._rendezvous_timeout_s = rendezvous_timeout_s
         self._collective_timeout_s = collective_timeout_s
@@ -101,37 +104,18 @@ class GenerationGroup:
                 self._abort_locked()
 
     def _open_store(self, assignment: Assignment) -> dist.TCPStore:
-        """The generation's store: served by rank 0 (which does not wait for the others here: that wait
-        could not be interrupted; the rendezvous' own waits can), reached by the others from a helper
-        thread, so that an abort ends the wait for a rank 0 that never serves it."""
-        def open_store() -> dist.TCPStore:
-            return dist.TCPStore(
-                assignment.master_addr,
-                assignment.master_port,
-                assignment.world_size,
-                is_master=assignment.rank == 0,
-                timeout=timedelta(seconds=self._rendezvous_timeout_s),
-                wait_for_workers=False,
-            )
-
-        if assignment.rank == 0:
-            return open_store()
-        opened: Future[dist.TCPStore] = Future()
-
-        def connect() -> None:
-            try:
-                opened.set_result(open_store())
-            except BaseException as exc:  # noqa: BLE001 - handed to the join, which raises it
-                opened.set_exception(exc)
+        def wait(opened: Future[dist.TCPStore]) -> None:
+            opened.add_done_callback(lambda _: self._notify())
             with self._changed:
-                self._changed.notify_all()
+                self._changed.wait_for(lambda: opened.done() or self._aborted.is_set())
+                if not opened.done():
+                    self._raise_aborted()
 
-        threading.Thread(target=connect, daemon=True, name=f"elastic-train-store-{assignment.generation}").start()
+        return self.rendezvous.open(assignment, wait)
+
+    def _notify(self) -> None:
         with self._changed:
-            self._changed.wait_for(lambda: opened.done() or self._aborted.is_set())
-            if not opened.done():
-                self._raise_aborted()
-        return opened.result()
+            self._changed.notify_all()
 
     def _raise_aborted(self) -> NoReturn:
         raise RuntimeError(f"generation {self._generation} ended while this worker was joining its group")
