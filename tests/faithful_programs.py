@@ -76,7 +76,7 @@ def _step(config: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     log_progress(config["log_dir"], rank=ctx.get_world_rank(), world=ctx.get_world_size(),
                  generation=ctx.get_generation(), epoch=epoch, step=step, batches=[batch.tolist()],
                  lr=optimizer.param_groups[0]["lr"], **logged)
-    time.sleep(STEP_TIME)
+    time.sleep(config.get("step_time", STEP_TIME))
     return loss
 
 

@@ -3,13 +3,16 @@ world, run on real Ray with a worker SIGKILLed from outside mid-epoch: rank 0 in
 another, one of them fixed-size and the other elastic (both fixed where Ray's own semantics need the
 size kept: a scheduler sized by `len(loader)`). Each run must compute what Ray Train's semantics compute for the program at the
 world sizes it ran at (the program's checks) and train every sample once an epoch; it goes on in
-place where that is faithful, and is re-entered, the event naming the program's line, where not."""
+place where that is faithful, and is re-entered, the event naming the program's line, where not. With
+room for a warm spare, a fixed-size run re-enters at full size at the loss, the spare at the lost rank."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
+from typing import Callable
 
 import pytest
 
@@ -17,7 +20,7 @@ import elastic_train as et
 from elastic_train.checkpoint.storage import RunStorage
 from elastic_train.events import GenerationOpened
 from elastic_train.run_folder.event_log import read_events
-from tests.faithful_programs import OWN_DATA, PROGRAMS, every_sample_once_an_epoch
+from tests.faithful_programs import EPOCHS, OWN_DATA, PROGRAMS, every_sample_once_an_epoch
 from tests.helpers import make_trainer
 from tests.loops import read_progress
 
@@ -52,12 +55,15 @@ def _cells() -> list[tuple[str, str, object, int]]:
 
 
 class _Killer:
-    """SIGKILLs the process of rank `victim` once it logged epoch 1's second step in generation 0."""
+    """SIGKILLs the process of rank `victim` once it logged epoch 1's second step in generation 0; with
+    `after`, at its first step in generation 0 from then on once `after()` is true (and before the last
+    epoch)."""
 
-    def __init__(self, log_dir: str, victim: int):
-        self._log_dir, self._victim = log_dir, victim
+    def __init__(self, log_dir: str, victim: int, after: Callable[[], bool] | None = None):
+        self._log_dir, self._victim, self._after = log_dir, victim, after
         self._done = threading.Event()
         self.killed: int | None = None
+        self.killed_at = 0.0
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
@@ -68,10 +74,15 @@ class _Killer:
             except ValueError:  # a line being written
                 continue
             for p in progress:
-                if "batches" in p and (p["generation"], p["epoch"], p["step"], p["rank"]) == (0, 1, 1, self._victim):
-                    self.killed = p["pid"]
+                if "batches" in p and p["generation"] == 0 and p["rank"] == self._victim and self._due(p):
+                    self.killed, self.killed_at = p["pid"], time.time()
                     os.kill(p["pid"], signal.SIGKILL)
                     return
+
+    def _due(self, p: dict) -> bool:
+        if self._after is None:
+            return (p["epoch"], p["step"]) == (1, 1)
+        return (1, 1) <= (p["epoch"], p["step"]) and p["epoch"] < EPOCHS - 1 and self._after()
 
     def stop(self) -> None:
         self._done.set()
@@ -100,3 +111,44 @@ def test_a_program_computes_what_ray_computes_through_a_kill(local_ray, run_dirs
         assert recovery.resume_from == "in place", opened
     else:
         assert recovery.resume_from != "in place" and "faithful_programs.py:" in recovery.reentered_because, opened
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name, victim", [("batch_from_world", 0), ("lambda_lr", 1), ("rank_read_once", 0),
+                                          ("own_fast_forward", 1)])
+def test_a_program_computes_what_ray_computes_when_a_warm_spare_replaces_the_lost_rank(data_ray, run_dirs, name,
+                                                                                      victim):
+    """A fixed-size run of 2 with room for its warm spare (4 CPUs): the rank is SIGKILLed once the spare
+    is ready. Every loop re-enters at 2 from the newest checkpoint in memory, the spare at the lost rank,
+    as Ray's restart at 2 does (whatever the program holds of its world), and the program computes what
+    Ray's semantics compute. Steps of 0.3 s: the spare is ready within the run."""
+    loop, checks = PROGRAMS[name]
+    path = os.path.join(run_dirs["storage"], "run")
+
+    def spare_ready() -> bool:
+        seen = read_events(RunStorage.at(path)) if os.path.exists(path) else []
+        first = next((e for e in seen if e["kind"] == "generation"), None)
+        return first is not None and any(e["kind"] == "worker_ready" and str(e["worker_id"]) not in
+                                         map(str, first["members"]) for e in seen)
+
+    killer = _Killer(run_dirs["log_dir"], victim, after=spare_ready)
+    try:
+        result = make_trainer(run_dirs, 2, loop, step_time=0.3).fit()
+    finally:
+        killer.stop()
+    assert killer.killed is not None, "the fault was not injected: the spare was not ready before the last epoch"
+    assert result.error is None, result.error
+    every_sample_once_an_epoch(run_dirs["log_dir"], result)
+    for check in checks:
+        check(run_dirs["log_dir"], result)
+    opened = [GenerationOpened.of(e) for e in read_events(RunStorage.at(result.path)) if e["kind"] == "generation"]
+    first, recovery = opened[0], opened[1]
+    assert (recovery.world_size, recovery.resume_from) == (2, "memory"), opened
+    before = {str(w): m["rank"] for w, m in first.members.items()}
+    after = {str(w): m["rank"] for w, m in recovery.members.items()}
+    lost = next(str(w) for w, m in first.members.items() if m["pid"] == killer.killed)
+    (spare,) = set(after) - set(before)  # a worker of no earlier generation: the spare, ready before the kill
+    assert any(e["kind"] == "worker_ready" and str(e["worker_id"]) == spare and e["time"] < killer.killed_at
+               for e in read_events(RunStorage.at(result.path)))
+    assert after[spare] == before[lost] == victim
+    assert all(after[w] == before[w] for w in after if w != spare)  # the survivor keeps its rank
