@@ -390,7 +390,7 @@ def test_a_replacement_takes_the_lost_rank_and_the_survivors_keep_their_places()
 def test_each_member_is_told_its_place_the_rendezvous_of_rank_0_and_its_buddy():
     candidates = [_worker(5, "b", 3, 1), _worker(7, "a", 3, 0), _worker(2, "b")]
     for w, (ip, port) in zip(candidates, [("10.0.0.2", 5005), ("10.0.0.1", 7007), ("10.0.0.2", 2002)]):
-        w.ip, w.free_port, w.actor = ip, port, f"actor {w.worker_id}"
+        w.ip, w.store_port, w.actor = ip, port, f"actor {w.worker_id}"
     plan = plan_generation(candidates, generation=3, max_workers=4, replicate=True)
     resume = ResumePlan(12, {7: ["model.pt"]}, generation=3)
     places = assignments(plan, candidates, 4, resume, max_workers=4)

@@ -58,12 +58,12 @@ class Supervisor:
             self._controller.roster.started(w, node_id, ip, pid)
         return self._controller.under_way
 
-    async def park(self, worker_id: int, outcome: Outcome, free_port: int) -> Assignment | Stop:
+    async def park(self, worker_id: int, outcome: Outcome, store_port: int) -> Assignment | Stop:
         """A worker left its generation (or is new) and waits for its next place."""
         w = await self._record(worker_id)
         if w is None:
             return Stop("this worker was not adopted by the restarted supervisor")
-        return await self._controller.park(w, outcome, free_port)
+        return await self._controller.park(w, outcome, store_port)
 
     async def heartbeat(self, worker_id: int, generation: int | None, facts: dict[str, float]) -> HeartbeatReply:
         """A heartbeat through Ray: a worker's first, or its fallback when its datagrams go unanswered."""

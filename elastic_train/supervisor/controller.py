@@ -318,7 +318,7 @@ class Controller:
         self._transition(RunState.RUNNING, generation=self._generation, world_size=len(chosen), reason=reason or None)
 
     # == what workers and the driver ask of the run ====================================================
-    async def park(self, w: WorkerRecord, outcome: Outcome, free_port: int) -> Assignment | Stop:
+    async def park(self, w: WorkerRecord, outcome: Outcome, store_port: int) -> Assignment | Stop:
         """A worker left its generation (or is new) and waits for its next place."""
         if self._state.terminal:
             if self.is_member(w) and outcome.generation == self._generation:
@@ -336,7 +336,7 @@ class Controller:
         self.ledger.note_held(w.worker_id, outcome.held)
         if outcome.exit is Exit.JOINED:
             self.telemetry.record(WorkerReady(w.worker_id, w.pid, w.node_id))
-        return await self.roster.parked(w, outcome, free_port)
+        return await self.roster.parked(w, outcome, store_port)
 
     def notice(self, w: WorkerRecord, source: str, seconds_left: float | None) -> None:
         """Re-form the group without a worker under a notice while it still serves its checkpoint: at the

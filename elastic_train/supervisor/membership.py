@@ -40,7 +40,7 @@ class WorkerRecord:
     last_heartbeat: float = 0.0
     generation: int = -1
     rank: int = -1
-    free_port: int = 0
+    store_port: int = 0  # of the store it serves as it parks (worker/group/rendezvous.py)
     outcome: Outcome | None = None
     lost_reason: str = ""
     facts: dict[str, float] = field(default_factory=dict)
@@ -143,7 +143,7 @@ def assignments(plan: GenerationPlan, candidates: list[WorkerRecord], generation
     return {worker_id: Assignment(
         generation=generation, rank=p.rank, world_size=len(plan.placements), local_rank=p.local_rank,
         local_world_size=p.local_world_size, node_rank=p.node_rank, master_addr=master.ip,
-        master_port=master.free_port, resume=resume, peers=peers,
+        master_port=master.store_port, resume=resume, peers=peers,
         buddy=records[plan.buddies[worker_id]].actor if worker_id in plan.buddies else None,
         max_world_size=max_workers, previous_ranks=previous_ranks) for worker_id, p in plan.placements.items()}
 

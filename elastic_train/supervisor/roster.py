@@ -238,10 +238,10 @@ class Roster:
         w.node_id, w.ip, w.pid, w.last_heartbeat = node_id, ip, pid, time.monotonic()
         self._wake.set()
 
-    def parked(self, w: WorkerRecord, outcome: Outcome, free_port: int) -> asyncio.Future:
+    def parked(self, w: WorkerRecord, outcome: Outcome, store_port: int) -> asyncio.Future:
         """The worker left its generation (or is new) with `outcome`: it waits on the returned future
         for its next place."""
-        w.status, w.outcome, w.free_port = WorkerStatus.PARKED, outcome, free_port
+        w.status, w.outcome, w.store_port = WorkerStatus.PARKED, outcome, store_port
         w.holds = {(held.generation, held.index, name) for held in outcome.held for name in held.names}
         w.last_heartbeat = time.monotonic()
         w.waiting = asyncio.get_running_loop().create_future()
