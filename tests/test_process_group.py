@@ -18,6 +18,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,6 +32,8 @@ TIMEOUT_S = 30.0  # rendezvous and collective timeout of the groups: a hang fail
 DESTROY_TIMEOUT_S = 1.0
 RESULT_TIMEOUT_S = 60.0  # how long the test waits for every rank's result
 SIDE_CONNECTIONS = 4
+FORMING_S = 2.0  # the rendezvous timeout of a group whose peer dies inside it as it forms
+PEER_DIED_RENDEZVOUS_S = 3.0
 
 Scenario = Callable[[int, int, list[int], dist.TCPStore], dict[str, Any]]
 
@@ -238,6 +241,59 @@ def _abort_while_forming_scenario(rank: int, world: int, ports: list[int], contr
     return seen
 
 
+def _peer_died_in_the_group_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
+    """Rank 0 serves its store from its park (the port it gave); rank 1 enters the group (its gloo
+    record is in the store) and dies there, SIGKILLed, as a peer lost a moment after its generation
+    opened. Then rank 0 joins, with a collective timeout of minutes: how long its join takes, and
+    whether the next generation forms."""
+    if rank == 1:
+        control.wait(["served"])
+        port = int(control.get("store_port"))
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+        threading.Thread(target=dist.init_process_group, daemon=True, kwargs={
+            "backend": "gloo", "store": dist.PrefixStore("generation/0/", store), "rank": 1, "world_size": world,
+            "timeout": timedelta(seconds=TIMEOUT_S)}).start()
+        _gloo_records(port).wait(["1"])  # its own record written: it is in the group
+        control.set("pid", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    group = GenerationGroup("gloo", FORMING_S, 10 * TIMEOUT_S, destroy_timeout_s=DESTROY_TIMEOUT_S)
+    port = group.rendezvous.serve()
+    control.set("store_port", str(port))
+    control.set("served", "1")
+    _wait_dead(int(control.get("pid")))
+    started = time.monotonic()
+    try:
+        group.join(_assignment(0, 0, world, port))  # where gloo connects lazily, its first collective fails
+        dist.all_reduce(torch.ones(1))
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - what the test expects
+        failure = str(exc)
+    seconds = time.monotonic() - started
+    group.leave()
+    return {"failure": failure, "seconds": seconds, "next_sum": _next_generation_alone(group, 1, ports[1])}
+
+
+def _wait_dead(pid: int) -> None:
+    """Until process `pid` (not a child of this one: its parent reaps it) has died."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"process {pid} still runs")
+
+
+def _gloo_records(port: int) -> dist.Store:
+    """Where the gloo records of generation 0's ranks appear (key: the rank), in the store at `port`."""
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                           timeout=timedelta(seconds=TIMEOUT_S))
+    return dist.PrefixStore("0", dist.PrefixStore("cpu/", dist.PrefixStore("0/", dist.PrefixStore("generation/0/",
+                                                                                                    client))))
+
+
 def _rank_0_never_serves_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
     """This process is rank 1 of 2; rank 0's store port accepts the connection (the kernel's backlog)
     but never answers (rank 0 froze or died as it started). The next generation forms though the
@@ -308,6 +364,18 @@ def _assert_join_ended_at_once(result: dict[str, Any]) -> None:
 def test_abort_while_the_group_forms_ends_the_join_at_once():
     rank0, _ = _run(_abort_while_forming_scenario, world=2, generations=2)
     _assert_join_ended_at_once(rank0)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_whose_peer_died_inside_the_forming_group_leaves_it_within_its_rendezvous_timeout():
+    """gloo connects the pair from one side: connecting to the dead peer's listener it retried until
+    its timeout, five times over (measured), out of reach of an abort, and the group's timeout was the
+    collective one (minutes): the supervisor dropped the survivor as hung after drain_timeout_s, and
+    its state with it. Connection retries are now off in the workers (that side fails at once) and a
+    group forms within the rendezvous timeout (the waiting side gives up after 5 x that, measured)."""
+    (rank0,) = _run(_peer_died_in_the_group_scenario, world=2, generations=2, reporting=[0])
+    assert rank0["failure"] is not None and rank0["seconds"] < 5 * FORMING_S + 2.0, rank0
+    assert rank0["next_sum"] == 1.0, "the next generation did not form"
 
 
 @pytest.mark.timeout(90)

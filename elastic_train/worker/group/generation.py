@@ -50,6 +50,8 @@ class GenerationGroup:
         host: str = "127.0.0.1",
     ):
         self.backend = backend
+        if backend == "gloo":
+            os.environ.setdefault("GLOO_DISABLE_CONNECTION_RETRIES", "1")  # read once, at gloo's first connect: see join
         self.rendezvous = Rendezvous(host, rendezvous_timeout_s)  # the store this worker serves as it parks
         self._in_place = in_place and backend == "gloo"  # the default group is the process's WorldGroup
         self._rendezvous_timeout_s = rendezvous_timeout_s
@@ -80,19 +82,26 @@ class GenerationGroup:
             if self._aborted.is_set():
                 self._raise_aborted()
             self._store = store  # from here an abort shuts down its connections
-        before = _established() if self.backend == "gloo" else set()
+        gloo = self.backend == "gloo"
+        before = _established() if gloo else set()
+        # gloo: a peer that died inside the forming group leaves the others connecting to its listener, or
+        # waiting for it to connect, which no abort interrupts. Connecting fails at once (GLOO_DISABLE_
+        # CONNECTION_RETRIES, set as the worker starts), and waiting ends after 5 x the group's timeout
+        # (measured): forming is bounded by the rendezvous timeout, each collective by its own timeout.
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"generation/{assignment.generation}/", self._store),
             rank=assignment.rank,
             world_size=assignment.world_size,
-            timeout=timedelta(seconds=self._collective_timeout_s),
+            timeout=timedelta(seconds=self._rendezvous_timeout_s if gloo else self._collective_timeout_s),
             **(self._nccl_options() if self.backend == "nccl" else {}),
         )
         _export_env(assignment)
         group = dist.group.WORLD
+        if gloo:
+            group.set_timeout(timedelta(seconds=self._collective_timeout_s))
         listeners, fallback = None, []
-        if self.backend == "gloo":
+        if gloo:
             listeners = _gloo_listeners(group, assignment.rank, assignment.world_size)
             if listeners is None:
                 fallback = [c for c in _connections() if (c[1], c[2]) not in before]
