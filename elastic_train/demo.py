@@ -159,7 +159,7 @@ def main() -> int:
         log.error("run failed: %s", outcome["error"])
         return 1
     result = outcome["result"]
-    lost = [e["t"] for e in result.events if WorkerLost.of(e)]
+    lost = [e["t"] for e in result.events if (w := WorkerLost.of(e)) and not w.spare]
     opened = [e["t"] for e in result.events if GenerationOpened.of(e)]
     log.info("finished %d steps in %.1f s; final loss %.4f", result.metrics["step"], time.monotonic() - started,
              result.metrics["loss"])

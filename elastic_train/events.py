@@ -133,6 +133,7 @@ class WorkerLost(Event):
     generation: int
     cause: str
     reason: str = ""
+    spare: bool = False  # a warm spare, which had no place in the run yet: not counted in `workers_lost`
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ SHOWN = {  # event kind -> how verbosity 1 shows it; other kinds at verbosity 2
                                 (f"resumed from {e['resume_from']} at report {e['resume_index']}"
                                  if e.get("resume_from") else "from the start")
                                 + (f" (re-entered: {e['reentered_because']})" if e.get("reentered_because") else ""))),
-    "worker_lost": lambda e: (f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) lost, "
+    "worker_lost": lambda e: (f"{'warm spare' if e.get('spare') else 'worker'} {e['worker_id']} (rank {e['rank']}, "
+                              f"pid {e['pid']}) lost, "
                               f"{e.get('cause', '?')}: {e['reason']}"),
     "worker_left": lambda e: f"worker {e['worker_id']} (rank {e['rank']}, pid {e['pid']}) left: {e['cause']}",
     "resize_requested": lambda e: f"resizing after report {e['at_report']}: {e['reason']}",

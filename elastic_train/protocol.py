@@ -336,6 +336,7 @@ class WorkerInfo:
     index: int  # the last report index it reached in that generation
     running: bool  # still in the loop of that generation (not parked)
     held: list[HeldCheckpoint] = field(default_factory=list)
+    bundle: str = ""  # the id of the placement group it runs in ('': none, a spare that took a bundle over)
 
 
 @dataclass(frozen=True)

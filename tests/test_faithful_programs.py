@@ -133,7 +133,8 @@ def test_a_program_computes_what_ray_computes_when_a_warm_spare_replaces_the_los
 
     killer = _Killer(run_dirs["log_dir"], victim, after=spare_ready)
     try:
-        result = make_trainer(run_dirs, 2, loop, step_time=0.3).fit()
+        result = make_trainer(run_dirs, 2, loop, step_time=0.3,
+                              elastic=et.ElasticConfig(warm_spares_after_s=0)).fit()  # its spare from the start
     finally:
         killer.stop()
     assert killer.killed is not None, "the fault was not injected: the spare was not ready before the last epoch"

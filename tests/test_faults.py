@@ -21,8 +21,10 @@ def _trainer(run_dirs, steps, num_workers, fault, step_time=0.1, **kw):
 @pytest.mark.timeout(180)
 def test_sigstopped_worker_is_dropped_ended_and_replaced(local_ray, run_dirs):
     """A frozen worker is dropped after the heartbeat timeout and its process is ended: alive, it would
-    keep its CPU (or GPU) and, on this full 2-CPU machine, no replacement could be placed."""
-    elastic = et.ElasticConfig(heartbeat_timeout_s=3.0)
+    keep its CPU (or GPU) and, on this full 2-CPU machine, no replacement could be placed. No warm
+    spare: the survivor goes on alone until the replacement started after the loss is ready (a spare
+    ready in time would take the lost worker's place at once: tests/test_warm_spares.py)."""
+    elastic = et.ElasticConfig(heartbeat_timeout_s=3.0, warm_spares_per_node=0)
     trainer = _trainer(run_dirs, 150, (1, 2), {"kind": "stop", "rank": 1, "at_step": 10, "point": "before_report"},
                        elastic=elastic)
     join = fit_in_background(trainer)
@@ -56,10 +58,11 @@ def test_hung_worker_in_a_loop_without_collective_is_replaced_in_a_fixed_size_ru
     """A loop stuck for good (a deadlock, a hung read) while its heartbeat thread runs on: the progress
     watchdog finds the rank behind the others, ends its process and a replacement takes its place.
     The survivor, rank 0 still (the loop reads its rank where it uses it), goes on in place meanwhile;
-    once the replacement is ready both re-enter from the newest report, in memory."""
+    once the replacement is ready both re-enter from the newest report, in memory (no warm spare, which
+    would be that replacement at the loss if it were ready by then)."""
     from tests.loops import sharded_directory_loop
 
-    elastic = et.ElasticConfig(progress_timeout_s=3.0)
+    elastic = et.ElasticConfig(progress_timeout_s=3.0, warm_spares_per_node=0)
     result = make_trainer(run_dirs, 2, sharded_directory_loop, steps=160, step_time=0.05, elastic=elastic,
                           fault={"kind": "hang", "rank": 1, "at_step": 10}).fit()
     assert result.error is None, result.error

@@ -7,6 +7,7 @@ loop's own all-reduce, a report's barrier."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -63,7 +64,10 @@ def reentered_because(result) -> str:
 
 
 def run(run_dirs: dict, scaling, fault: dict | list[dict], elastic: ElasticConfig | None = None, **options):
+    """A run of the guide loop with no warm spare: the survivors go on in place while the replacement
+    starts (a spare ready at the loss would be in the next generation at once: tests/test_warm_spares.py)."""
     config = {"epochs": EPOCHS, "step_time": 0.1, "fault": fault} | options
+    elastic = dataclasses.replace(elastic or ElasticConfig(), warm_spares_per_node=0)
     return make_trainer(run_dirs, scaling, guide_loop, elastic=elastic, **config).fit(), config
 
 

@@ -234,7 +234,8 @@ def test_a_loop_with_no_checkpoint_loses_no_step_to_a_lost_peer(local_ray, run_d
     there with no step redone; Ray replaces the worker, which gets the state from the survivor. It ends
     with a fault-free run's parameters and optimizer, every sample once per epoch, and nothing stored."""
     fault = {"kind": "kill", "rank": 1, "at_step": 7, "point": point}
-    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=True, fault=fault).fit()
+    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=True, fault=fault,
+                           elastic=et.ElasticConfig(warm_spares_per_node=0)).fit()  # the survivor goes on alone
     check_invariants(result, run_dirs, faults=1, redone_per_fault=0, live_state=True)
     after = [e for e in result.events if e["kind"] == "generation" and e["time"] > _fault_time(run_dirs)]
     assert (after[0]["resume_from"], after[0]["resume_index"], after[0]["world_size"]) == ("memory", resumed_at, 1)
@@ -254,7 +255,8 @@ def test_the_survivor_lost_as_its_replacement_joins(local_ray, run_dirs, live_st
     goes on from the newest stored checkpoint."""
     faults = [{"kind": "kill", "rank": 1, "at_step": 7}, {"kind": "kill", "rank": 0, "at_generation": 2,
                                                            "point": point}]
-    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=live_state, fault=faults).fit()
+    result = chaos_trainer(run_dirs, (1, 2), step_time=JOIN_STEP_S, live_state=live_state, fault=faults,
+                           elastic=et.ElasticConfig(warm_spares_per_node=0)).fit()  # a replacement joins, not a spare
     check_invariants(result, run_dirs, faults=2, redone_per_fault=0 if live_state else 1, live_state=live_state)
     generations = [e for e in result.events if e["kind"] == "generation"]
     assert [e["world_size"] for e in generations[:4]] == [2, 1, 2, 1], generations

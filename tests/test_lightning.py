@@ -142,7 +142,8 @@ def test_sigkill_mid_epoch_recovers_in_place_and_mid_epoch(local_ray, run_dirs, 
     strategy = {"global_batch_size": global_batch} if global_batch else {}
     result = make_trainer(run_dirs, (1, 2), seed_loop, lightning="lightning.pytorch", epochs=epochs, batch_size=4,
                           strategy=strategy, report={"every_n_train_steps": every}, step_time=0.05,
-                          fault={"kind": "kill", "rank": 1, "at_step": 17}).fit()
+                          fault={"kind": "kill", "rank": 1, "at_step": 17},
+                          elastic=et.ElasticConfig(warm_spares_per_node=0)).fit()  # no spare: the survivor goes on
     fault = json.loads(Path(run_dirs["log_dir"], "fault.json").read_text())
     records = check_recovered_run(run_dirs, result, epochs, every, victims={fault["pid"]})
     assert result.world_sizes[:2] == [2, 1]

@@ -8,8 +8,9 @@ import pytest
 
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
+from elastic_train.supervisor.bundles import assign
 from elastic_train.supervisor.placement import (Node, avoiding, free_slots, matches, pack_node, placeable,
-                                               selector_for, slot_of, spare_nodes)
+                                               selector_for, slot_of, spare_nodes, spread_node, successor)
 
 CPU = {"CPU": 1.0}
 
@@ -89,14 +90,53 @@ def test_each_slot_has_its_selector_and_a_replacement_takes_the_lost_workers_slo
 
 
 @pytest.mark.timeout(10)
-def test_warm_spares_go_beside_the_run_s_workers_where_a_node_has_room_for_one_more():
-    need = {"CPU": 2.0, "GPU": 1.0}
+def test_warm_spares_of_gpu_workers_go_beside_the_run_s_workers_where_a_node_has_room_for_one_more():
+    need = {"CPU": 2.0, "GPU": 1.0}  # a spare holds its own GPU, its CUDA context made
     free = {"a": {"CPU": 4.0, "GPU": 1.0}, "b": {"CPU": 1.0, "GPU": 2.0}, "c": {"CPU": 8.0, "GPU": 8.0}}
     # "b" has no room (one CPU free); "c" hosts none of the run's workers; "a" holds one.
     assert spare_nodes(need, free, {"a", "b"}, Counter(), 1) == ["a"]
     assert spare_nodes(need, free, {"a", "b"}, Counter({"a": 1}), 1) == []  # it has its spare already
     assert spare_nodes(need, free, {"a", "c"}, Counter(), 2) == ["a", "c", "c"]  # as many as room holds
     assert spare_nodes(need, free, {"a"}, Counter(), 0) == []  # turned off
-    assert spare_nodes({}, free, {"d"}, Counter(), 1) == ["d"]  # a worker that asks for nothing fits anywhere
+    assert spare_nodes({}, {**free, "d": {}}, {"d"}, Counter(), 1) == ["d"]  # a worker that asks for nothing fits anywhere
     assert spare_nodes(need, free, {"a"}, Counter(), 1, leave={"CPU": 3.0}) == []  # Ray Data's CPUs kept free
     assert spare_nodes(need, free, {"a", "c"}, Counter(), 2, leave={"CPU": 1.0}) == ["a", "c", "c"]
+
+
+@pytest.mark.timeout(10)
+def test_warm_spares_that_hold_nothing_go_beside_the_run_s_workers_on_full_nodes_too():
+    free = {"a": {"CPU": 0.0}, "b": {"CPU": 3.0}}  # "a" is full: its spare takes over a lost worker's bundle
+    assert spare_nodes(CPU, free, {"a", "b"}, Counter(), 1) == ["a", "b"]
+    assert spare_nodes(CPU, free, {"a", "b"}, Counter({"a": 1}), 2) == ["a", "b", "b"]
+    assert spare_nodes(CPU, free, {"a"}, Counter(), 1, leave={"CPU": 3.0}) == ["a"]  # Ray Data's CPU is not taken
+    assert spare_nodes(CPU, free, {"a"}, Counter(), 0) == []
+    assert spare_nodes(CPU, free, {"a", "gone"}, Counter(), 1) == ["a"]  # a node gone: its workers are being lost
+
+
+@pytest.mark.timeout(10)
+def test_the_spare_that_replaces_a_lost_worker_is_on_its_node_and_ready_first():
+    spares = [(7, "b", True), (5, "a", False), (9, "a", True)]
+    assert successor("a", spares, anywhere=False) == 9  # on the lost worker's node, ready
+    assert successor("a", [(5, "a", False)], anywhere=False) == 5  # still starting: sooner than a new one
+    assert successor("c", spares, anywhere=False) is None  # none there to take the bundle over
+    assert successor("c", spares, anywhere=True) == 7  # spares holding their own GPU replace anywhere
+    assert successor("a", [], anywhere=True) is None
+
+
+@pytest.mark.timeout(10)
+def test_spread_puts_the_next_worker_on_the_node_with_room_that_hosts_the_fewest():
+    cluster = nodes(("a", 4, {}), ("b", 2, {}), ("c", 1, {}))
+    assert spread_node(CPU, cluster, Counter({"a": 1})) == "b"  # of the empty ones, the roomiest
+    assert spread_node(CPU, cluster, Counter({"a": 1, "b": 1})) == "c"
+    assert spread_node(CPU, cluster, Counter({"a": 1, "b": 1, "c": 1})) == "a"
+    assert spread_node(CPU, nodes(("a", 1, {})), Counter({"a": 1})) is None  # no room anywhere
+
+
+@pytest.mark.timeout(10)
+def test_a_restarted_supervisor_gives_each_worker_the_bundle_it_runs_in_then_one_left_on_its_node():
+    groups = {"g1": "a", "g2": "a", "g3": "b", "g4": "c"}
+    # workers: in g2 on a; a spare that took a bundle over on a; in g3 on b; a spare on b with none left
+    held = assign(groups, [("g2", "a"), ("", "a"), ("g3", "b"), ("", "b")])
+    assert held == ["g2", "g1", "g3", None]  # g4 (its worker gone) is left: the supervisor removes it
+    # a worker in a group is never handed another worker's: the resident's own comes first
+    assert assign({"g1": "a", "g2": "a"}, [("", "a"), ("g1", "a")]) == ["g2", "g1"]

@@ -103,12 +103,14 @@ def test_sigkill_mid_epoch_recovers_in_place_exactly(local_ray, run_dirs, fault_
     """Rank 1 SIGKILLs itself as step 10 begins (the 4th of epoch 1; last report at step 8). The
     survivor goes on alone in its process from the checkpoint in memory, mid-epoch, and the run
     grows back to 2 once a replacement worker is placed (steps alone are slower: its 8 steps leave
-    the replacement 12 s to start); it ends with the fault-free run's parameters."""
+    the replacement 12 s to start; no warm spare, which would be that replacement at the loss if it were
+    ready); it ends with the fault-free run's parameters."""
     reference = model_state(fault_free_run(fault_free_dirs["log_dir"], fault_free_dirs["storage"]).checkpoint)
     kill_step = 10
     result = make_trainer(run_dirs, (1, 2), report_loop, epochs=EPOCHS, save_steps=SAVE_STEPS,
                           prepare={"global_batch_size": GLOBAL_BATCH}, step_time=0.1, step_time_alone=1.5,
-                          fault={"kind": "kill", "rank": 1, "at_step": kill_step}).fit()
+                          fault={"kind": "kill", "rank": 1, "at_step": kill_step},
+                          elastic=et.ElasticConfig(warm_spares_per_node=0)).fit()
     assert result.metrics["step"] == STEPS
     fault = json.loads(Path(run_dirs["log_dir"], "fault.json").read_text())
     # Resumed from memory at world 1, then grew back to 2; losing a worker was not a failure.

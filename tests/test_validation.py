@@ -45,6 +45,7 @@ def loop(config):
         (lambda: et.ElasticConfig(probe_timeout_s=0), "must be a positive number of seconds"),
         (lambda: et.ElasticConfig(snapshot_memory_retain_mb=0), "or None to keep the allocator"),
         (lambda: et.ElasticConfig(warm_spares_per_node=-1), "warm_spares_per_node=-1: use a whole number >= 0"),
+        (lambda: et.ElasticConfig(warm_spares_after_s=-1.0), "warm_spares_after_s must be 0 \\(no wait\\) or a positive"),
         (lambda: et.ElasticConfig(drain_timeout_s=10, rendezvous_timeout_s=30),
          "drain_timeout_s=10 must exceed rendezvous_timeout_s=30.*Raise drain_timeout_s"),
         (lambda: et.ElasticConfig(progress_timeout_s=0), "progress_timeout_s must be a positive number"),

@@ -11,7 +11,7 @@ from elastic_train.config.renamed import renamed
 from elastic_train.errors import ConfigError
 
 _OPTIONAL_S = ("progress_timeout_s",)  # None turns these off
-_MAY_BE_ZERO_S = ("part_safe_wait_s", "process_group_destroy_timeout_s")  # 0: not at all
+_MAY_BE_ZERO_S = ("part_safe_wait_s", "process_group_destroy_timeout_s", "warm_spares_after_s")  # 0: not at all
 
 
 def _check_positive(owner: str, name: str, value: float) -> None:
@@ -87,13 +87,20 @@ class ElasticConfig:
     read before its loop (to scale its loss, to pick the rank that saves) needs False, which re-enters
     the loop from its newest checkpoint at every recovery, as Ray Train does."""
     warm_spares_per_node: int = 1
-    """Worker processes kept ready beside a run at its full size, on each node that hosts its workers
-    and has room for one more (free resources for a worker): started, torch and the loop imported, the
-    GPU's context made, parked. A worker process lost on a live node is replaced by the spare at once,
-    the run back at full size in a fraction of a second instead of a new process's start (seconds). A
-    spare holds a worker's resources (CPUs, GPU) idle from its start, so no other job can take them:
-    that, and its memory, is the cost. A run with datasets leaves a CPU beside it for Ray Data's tasks;
-    none where the run has a label selector per worker. 0: none."""
+    """Worker processes kept ready beside a run at its full size, on each node that hosts its workers:
+    started, torch and the loop imported, parked. A worker process lost on a live node is replaced by
+    the spare there at once, the run back at full size in a fraction of a second instead of a new
+    process's start (seconds). Each worker runs in a placement group of one bundle that the run keeps
+    when its process dies, so no other job can take what it held: the spare, which holds nothing, takes
+    it over. Its cost is its memory (a process with torch imported). Where workers need a GPU, the
+    spare holds one of its own from its start, its CUDA context made, on nodes with a GPU free (a run
+    with datasets leaves a CPU beside it for Ray Data's tasks). None where the run has a label selector
+    per worker. 0: none."""
+    warm_spares_after_s: float = 10.0
+    """Warm spares are started once the run is this old: a spare's start (a process, torch and the
+    loop imported: 2-3 CPU-seconds here) then competes with neither the workers' own start nor their
+    first steps, and a run that ends sooner starts none. A worker lost before its node's spare is
+    ready is replaced by a process started then, as with no spare."""
     checkpoints_in_memory: int = 2
     """Reported checkpoints each worker keeps in memory for in-place recovery."""
     sharded_state_budget: float = 0.05

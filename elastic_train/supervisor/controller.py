@@ -194,7 +194,7 @@ class Controller:
                 first=self._generation < 0, expected_initial=self._expected_initial, waited_s=now - self._entered,
                 scaling=self._scaling, elastic=self._elastic), parked)
         elif self._state.training:
-            self.roster.top_up()  # a warm spare once a node has room again (a lost worker's resources freed)
+            self.roster.top_up()  # a warm spare once the run is old enough (ElasticConfig.warm_spares_after_s)
             standby = [w for w in self.roster.standby(self._generation) if not w.leaving]
             staying = [w for w in self.members() if not w.leaving]
             self._carry_out(policy.running(

@@ -50,6 +50,7 @@ class WorkerRecord:
     leaving: bool = False  # its machine is about to go (a preemption notice): no new generation takes it
     slot: int = 0  # which of the run's `max` places it fills: its label selector (placement.py); -1: a warm spare
     planned_node: str = ""  # the node PACK asked for, until it runs (then `node_id`)
+    bundle: Any = None  # the placement group reserved for its place (supervisor/bundles.py), kept past its process
 
     def is_member(self, generation: int) -> bool:
         """Has it a rank in `generation`?"""

@@ -1,14 +1,14 @@
 """Where a new worker should go: `ScalingConfig.placement_strategy` and `label_selector`, as Ray Train
-places its placement group's bundles, for workers that are single actors.
+places its placement group's bundles, for workers that each have a group of one bundle.
 
 Ray Train reserves one placement group for the whole worker group; elastic_train's workers come and go
 one by one (a replacement, a worker added to a range), so each is placed on its own. PACK and STRICT_PACK
 ask for the node that already hosts most of the run's workers and, by its total resources less the
-run's own workers there, has room for one more (a preference: a node whose room other work holds spills
-the worker to wherever Ray places it); SPREAD and STRICT_SPREAD use Ray's SPREAD strategy. A list of
+run's own workers there, has room for one more; SPREAD and STRICT_SPREAD the node with room that hosts
+the fewest (a preference: a node whose room other work holds leaves the bundle to wherever Ray places it). A list of
 label selectors gives each worker slot its own, as Ray gives each bundle; a replacement takes the slot
 of the worker it replaces. Warm spares (`ElasticConfig.warm_spares_per_node`) go beside the run's
-workers, on nodes whose free resources hold one more. Pure functions of what the roster knows.
+workers, and one takes the place of a worker lost on its node. Pure functions of what the roster knows.
 """
 
 from __future__ import annotations
@@ -110,14 +110,38 @@ def placeable(need: Mapping[str, float], nodes: Sequence[Node], label_selector: 
     return count
 
 
+def spare_holds_its_own(need: Mapping[str, float]) -> bool:
+    """Does a warm spare hold a worker's resources from its start? Where the worker needs a GPU: the
+    spare makes its CUDA context on its own device before it is needed. Elsewhere it holds nothing: it
+    takes over the bundle the lost worker's place keeps reserved (supervisor/bundles.py)."""
+    return need.get("GPU", 0.0) > 0
+
+
 def spare_nodes(need: Mapping[str, float], free: Mapping[str, Mapping[str, float]], hosts: set[str],
                 spares: Counter[str], per_node: int, leave: Mapping[str, float] | None = None) -> list[str]:
-    """Where to start warm spares: each node that hosts the run's workers (`hosts`), up to `per_node`
-    spares there (`spares`: those it has, starting ones included), as many as its free resources
-    (`free`, by node) hold after `leave` (what the run's Ray Data tasks need to go on). A spare holds a
-    worker's resources from its start, so that no other job can take them; a node with no room gets none."""
+    """Where to start warm spares: each live node that hosts the run's workers (`hosts`), up to
+    `per_node` spares there (`spares`: those it has, starting ones included). A spare that holds a
+    worker's resources (`spare_holds_its_own`) goes only where the node's free resources (`free`, by
+    live node) hold one after `leave` (what the run's Ray Data tasks need to go on): no other job can
+    take them."""
     wanted: list[str] = []
-    for node in sorted(hosts):
+    for node in sorted(hosts & free.keys()):  # a node just gone still hosts workers not yet found lost
         left = {k: v - (leave or {}).get(k, 0.0) for k, v in free.get(node, {}).items()}
-        wanted += [node] * max(min(per_node - spares[node], fits(need, left)), 0)
+        room = fits(need, left) if spare_holds_its_own(need) else per_node
+        wanted += [node] * max(min(per_node - spares[node], room), 0)
     return wanted
+
+
+def successor(lost_node: str, spares: Sequence[tuple[int, str, bool]], anywhere: bool) -> int | None:
+    """The warm spare (worker id, node, ready) that takes the place of a worker lost on `lost_node`:
+    one on that node (it takes over the bundle kept there), a ready one first; with `anywhere` (spares
+    that hold their own resources) one on another node where none is on that one; None where none is."""
+    ranked = sorted(spares, key=lambda s: (s[1] != lost_node, not s[2], s[0]))
+    return next((worker_id for worker_id, node, _ in ranked if node == lost_node or anywhere), None)
+
+
+def spread_node(need: Mapping[str, float], nodes: Sequence[Node], placed: Counter[str]) -> str | None:
+    """SPREAD's node for one more worker: of those with room, the one with the fewest of the run's
+    workers, then the roomiest; None where none has room."""
+    with_room = sorted((n for n in nodes if _room(need, n, placed) > 0), key=lambda n: n.node_id)
+    return min(with_room, key=lambda n: (placed[n.node_id], -_room(need, n, placed))).node_id if with_room else None

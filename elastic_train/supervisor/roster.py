@@ -1,9 +1,10 @@
 """The roster: the run's workers and their records, and the only code that changes a `WorkerRecord`.
 
 Workers are requested up to the maximum (a replacement away from machines under a preemption notice),
-and warm spares beside a run at its full size (placement.spare_nodes: one parks until it replaces a
-lost worker); all are watched until they end, and, once lost, dropped and ended: a frozen or hung
-process would keep its slot (its CPUs, its GPU), and no replacement could be placed."""
+each in a bundle of its own (bundles.py), and warm spares beside a run at its full size
+(placement.spare_nodes: one parks until it takes the place, and the bundle, of a worker lost on its
+node); all are watched until they end, and, once lost, dropped and ended: a frozen or hung process
+would keep its slot (its CPUs, its GPU), and no replacement could be placed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from elastic_train.config import ElasticConfig, ScalingConfig
 from elastic_train.events import FencedWorkerRejoined, SupervisorRestarted, WorkerLeft, WorkerLost
 from elastic_train.protocol import Assignment, Outcome, Stop, WorkerInfo
 from elastic_train.run_spec import WorkerSpec
-from elastic_train.supervisor import placement, policy
+from elastic_train.supervisor import bundles, placement, policy
 from elastic_train.supervisor.adoption import ACTOR_NAMESPACE, describe_workers, worker_name
 from elastic_train.supervisor.membership import LostCause, WorkerRecord, WorkerStatus
 from elastic_train.supervisor.tasks import Tasks
@@ -57,6 +58,7 @@ class Roster:
         self._wake = wake
         self._class = ray.remote(TrainWorker)
         self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
+        self._spares_from = time.monotonic() + spec.elastic.warm_spares_after_s  # ElasticConfig.warm_spares_after_s
 
     def with_status(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self.records.values() if w.status is status]
@@ -65,12 +67,13 @@ class Roster:
         return [w for w in self.records.values() if w.is_member(generation)]
 
     def ready(self) -> list[WorkerRecord]:
-        """Workers parked and ready for the next generation (none under a preemption notice)."""
-        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.leaving]
+        """Workers parked and ready for the next generation: each with a place (a spare once it took
+        a lost worker's), none under a preemption notice."""
+        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.leaving and w.slot >= 0]
 
     def standby(self, generation: int) -> list[WorkerRecord]:
-        """Workers parked beside `generation`, not members of it."""
-        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.is_member(generation)]
+        """Workers parked beside `generation` with a place in the run, not members of it."""
+        return [w for w in self.with_status(WorkerStatus.PARKED) if not w.is_member(generation) and w.slot >= 0]
 
     def live_ids(self) -> set[int]:
         return {w.worker_id for w in self.records.values() if w.status is not WorkerStatus.LOST}
@@ -96,47 +99,55 @@ class Roster:
         if self.over:
             return
         alive = [w for w in self.records.values() if w.status is not WorkerStatus.LOST and not w.leaving]
-        slots = placement.free_slots({w.slot for w in alive}, self._scaling.max_workers,
-                                     self._scaling.max_workers - len(alive))
+        filled = [w for w in alive if w.slot >= 0]  # a spare has no place until it takes a lost worker's
+        slots = placement.free_slots({w.slot for w in filled}, self._scaling.max_workers,
+                                     self._scaling.max_workers - len(filled))
         if not slots:
             self._add_spares(alive)
             return
         resources = self._scaling.worker_resources()
         alive_nodes = self._alive_nodes()
-        placed = Counter(w.node_id or w.planned_node for w in alive)
-        spread = "SPREAD" in self._scaling.placement_strategy
+        holding = filled if not placement.spare_holds_its_own(resources) else alive  # what takes the nodes' room
+        placed = Counter(w.node_id or w.planned_node for w in holding)
+        choose = placement.spread_node if "SPREAD" in self._scaling.placement_strategy else placement.pack_node
         for slot in slots:
             nodes, selector = placement.avoiding(alive_nodes, self.leaving_nodes,
                                                  placement.selector_for(self._scaling.label_selector, slot))
-            node = None if spread else placement.pack_node(resources, nodes, placed)
+            node = choose(resources, nodes, placed)
             placed[node] += 1
-            # PACK's node is a preference: one without room now spills the worker elsewhere (Ray Data's
-            # locality hint uses the same private switch)
-            self._start(slot, node or "", "SPREAD" if spread else
-                        NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True) if node else
-                        "DEFAULT", selector)
+            self._start(slot, node or "", selector)
 
     def _add_spares(self, alive: list[WorkerRecord]) -> None:
         """Warm spares beside the run's workers (placement.spare_nodes), once none of its own is pending:
         each pinned to its node, where it replaces a worker lost there."""
         per_node = self._elastic.warm_spares_per_node
         if (not per_node or not isinstance(self._scaling.label_selector, (Mapping, type(None)))
+                or time.monotonic() < self._spares_from
                 or any(w.status is WorkerStatus.PENDING and w.slot >= 0 for w in alive)):
             return
         hosts = {w.node_id for w in alive if w.status is WorkerStatus.TRAINING} - self.leaving_nodes
         spares = Counter(w.node_id or w.planned_node for w in alive if w.slot < 0)
         if not hosts or all(spares[node] >= per_node for node in hosts):
             return
+        need = self._scaling.worker_resources()
         free = ray._private.state.available_resources_per_node()  # a DeveloperAPI: what each node has free now
         leave = {"CPU": 1.0} if self._spec.with_datasets else {}  # Ray Data's tasks go on beside a spare
-        for node in placement.spare_nodes(self._scaling.worker_resources(), free, hosts, spares, per_node, leave):
-            self._start(-1, node, NodeAffinitySchedulingStrategy(node, soft=False), {})
+        for node in placement.spare_nodes(need, free, hosts, spares, per_node, leave):
+            self._start(-1, node, {})
 
-    def _start(self, slot: int, node: str, strategy: Any, selector: dict[str, str]) -> None:
-        """Request one worker actor for `slot` (-1: a spare), on `node` where it is planned there."""
+    def _start(self, slot: int, node: str, selector: dict[str, str]) -> None:
+        """Request one worker actor for `slot`, in a bundle of its own on `node` where it has room
+        (else where Ray places it); or a warm spare (-1) pinned to `node`, holding a worker's resources
+        only where `placement.spare_holds_its_own`."""
         worker_id = self.next_id
         self.next_id += 1
-        resources = self._scaling.worker_resources()
+        need = self._scaling.worker_resources()
+        bundle = bundles.reserve(bundles.name_of(self._prefix, worker_id), need, node, selector) if slot >= 0 else None
+        holds = slot >= 0 or placement.spare_holds_its_own(need)
+        resources = need if holds else {}
+        env = dict(nccl_env(self._elastic.rendezvous_timeout_s)) if self._spec.backend == "nccl" else {}
+        if not holds and int(need.get("CPU", 0)) > 1:
+            env["OMP_NUM_THREADS"] = str(int(need["CPU"]))  # as Ray sets it for the worker it may replace
         actor = self._class.options(
             name=worker_name(self._prefix, worker_id),
             namespace=ACTOR_NAMESPACE,
@@ -145,14 +156,14 @@ class Roster:
             num_gpus=resources.get("GPU", 0),
             resources={k: v for k, v in resources.items() if k not in ("CPU", "GPU")},
             max_concurrency=6,
-            scheduling_strategy=strategy,
-            label_selector=selector or None,
+            scheduling_strategy=bundles.inside(bundle) if bundle is not None else
+            NodeAffinitySchedulingStrategy(node, soft=False) if slot < 0 else "DEFAULT",
+            label_selector=selector if selector and bundle is None else None,
             # NCCL: the c10d watchdog must not end a survivor's process (worker/group/nccl_env.py); set
             # before CUDA starts. Ray merges these into the job's env_vars; the user's own win.
-            runtime_env={"env_vars": {**nccl_env(self._elastic.rendezvous_timeout_s), **self._user_env}}
-            if self._spec.backend == "nccl" else None,
+            runtime_env={"env_vars": {**env, **self._user_env}} if env else None,
         ).remote(worker_id, self.supervisor, self._spec)
-        self.watch(WorkerRecord(worker_id, actor, slot=slot, planned_node=node), actor.run.remote())
+        self.watch(WorkerRecord(worker_id, actor, slot=slot, planned_node=node, bundle=bundle), actor.run.remote())
 
     def watch(self, worker: WorkerRecord, ended_ref: Any) -> None:
         """Keep `worker` and follow it until `ended_ref` (its `run`, or `wait_stopped`) resolves."""
@@ -176,10 +187,18 @@ class Roster:
         else:
             ray.kill(worker.actor)
             if not worker.leaving:
+                self._release(worker)
                 return
         worker.status = WorkerStatus.LOST
         worker.actor = None
+        self._release(worker)
         self.top_up()
+
+    @staticmethod
+    def _release(worker: WorkerRecord) -> None:
+        """The worker has ended: the bundle it still holds (no spare took it) goes back to the cluster."""
+        bundles.release(worker.bundle)
+        worker.bundle = None
 
     def lose(self, worker: WorkerRecord, cause: LostCause, reason: str) -> None:
         """Drop `worker` for `cause` (`reason` tells the details): it is fenced (its calls are refused
@@ -188,11 +207,31 @@ class Roster:
             return
         logger.warning("worker %d (pid %d) lost: %s", worker.worker_id, worker.pid, reason)
         self._telemetry.record(WorkerLost(worker.worker_id, worker.pid, worker.rank, worker.node_id, worker.generation,
-                                          cause.value, reason))
+                                          cause.value, reason, spare=worker.slot < 0))
         worker.status, worker.lost_reason = WorkerStatus.LOST, reason
+        self._hand_over(worker)
         if worker.actor is not None:
             ray.kill(worker.actor, no_restart=True)  # `_watch` requests the replacement once it ended
         self._wake.set()
+
+    def _hand_over(self, lost: WorkerRecord) -> None:
+        """A warm spare takes the lost worker's place (placement.successor), and, holding nothing of
+        its own, the bundle kept for it: the run is whole again as soon as the spare is ready."""
+        if lost.slot < 0 or lost.leaving:
+            return  # a spare, or a worker whose replacement was requested at its notice
+        holds = placement.spare_holds_its_own(self._scaling.worker_resources())
+        if not holds and lost.node_id not in {n.node_id for n in self._alive_nodes()}:
+            return  # its node is gone, and the spares there with it
+        spares = [(w.worker_id, w.node_id or w.planned_node, w.status is WorkerStatus.PARKED)
+                  for w in self.records.values() if w.slot < 0 and w.status is not WorkerStatus.LOST and not w.leaving]
+        chosen = placement.successor(lost.node_id or lost.planned_node, spares, anywhere=holds)
+        if chosen is None:
+            return
+        spare = self.records[chosen]
+        spare.slot = lost.slot
+        if not holds:
+            spare.bundle, lost.bundle = lost.bundle, None
+        logger.info("warm spare %d takes the place of worker %d", spare.worker_id, lost.worker_id)
 
     def drop_silent(self, now: float) -> None:
         """Heartbeats prove the process: one silent for `heartbeat_timeout_s` is lost."""
@@ -229,6 +268,8 @@ class Roster:
             _answer(w, stop)
             if w.actor is not None and (now or w.status in (WorkerStatus.PENDING, WorkerStatus.LOST)):
                 ray.kill(w.actor)
+            if now:
+                self._release(w)
 
     # == what happens to a worker's record ==========================================================
     def started(self, w: WorkerRecord, node_id: str, ip: str, pid: int) -> None:
@@ -276,13 +317,9 @@ class Roster:
 
     def seat(self, chosen: list[WorkerRecord], places: Mapping[int, Assignment], index: int) -> None:
         """A new generation opened: `chosen` are its members from report `index` on, each at its place
-        (a spare takes the slot of the worker it replaces); the other parked workers stand by (rank -1);
+        (a spare took its place at the loss it replaces); the other parked workers stand by (rank -1);
         a run at full size gets its warm spares."""
         for w in chosen:
-            if w.slot < 0:
-                taken = {o.slot for o in self.records.values()
-                         if o.status is not WorkerStatus.LOST and not o.leaving and o is not w}
-                w.slot = (placement.free_slots(taken, self._scaling.max_workers, 1) or [-1])[0]
             place = places[w.worker_id]
             w.status, w.generation, w.rank, w.outcome = WorkerStatus.TRAINING, place.generation, place.rank, None
             w.last_report = (index, time.monotonic())
@@ -323,16 +360,24 @@ class Roster:
         now = time.monotonic()
         labels = {n.node_id: n.labels for n in self._alive_nodes()}
         free = list(range(self._scaling.max_workers))
-        for handle, info in sorted(found, key=lambda found: found[1] not in members):  # members' slots first
+        ordered = sorted(found, key=lambda found: found[1] not in members)  # members' slots first
+        groups = bundles.adopt(self._prefix)
+        held = bundles.assign({g: f.node_id for g, f in groups.items()}, [(i.bundle, i.node_id) for _, i in ordered])
+        reserving = any(v > 0 for v in self._scaling.worker_resources().values())
+        for (handle, info), group in zip(ordered, held):
             member = info in members
-            slot = placement.slot_of(labels.get(info.node_id, {}), self._scaling.label_selector, free)
+            spare = reserving and group is None and not member  # a spare that took no bundle over
+            slot = -1 if spare else placement.slot_of(labels.get(info.node_id, {}), self._scaling.label_selector, free)
             free = [s for s in free if s != slot]
             record = WorkerRecord(
                 info.worker_id, handle, status=WorkerStatus.TRAINING if member else WorkerStatus.STARTING,
                 node_id=info.node_id, ip=info.ip, pid=info.pid, last_heartbeat=now, last_report=(info.index, now),
                 generation=info.generation if member else -1, rank=info.rank if member else -1, slot=slot,
+                bundle=groups.pop(group).group if group is not None else None,
             )
             self.watch(record, handle.wait_stopped.remote())
+        for left in groups.values():  # kept for a worker that is gone
+            bundles.release(left.group)
         self._telemetry.record(SupervisorRestarted(sorted(i.worker_id for i in infos), generation,
                                                    {i.worker_id: i.rank for i in members},
                                                    max((i.index for i in members), default=0)))

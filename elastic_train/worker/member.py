@@ -145,6 +145,7 @@ class Member:
     def describe(self) -> WorkerInfo:
         """Where this worker stands, for a restarted supervisor to adopt it."""
         place, session = self._assignment, self._session
+        group = ray.util.get_current_placement_group()  # its bundle's, unless it is a spare that took one over
         return WorkerInfo(
             worker_id=self.worker_id,
             node_id=self._node_id,
@@ -156,6 +157,7 @@ class Member:
             index=session.index if session else 0,
             running=self._generation is not None,
             held=self._held.own.holdings(),
+            bundle=group.id.hex() if group is not None else "",
         )
 
     def wait_stopped(self) -> None:

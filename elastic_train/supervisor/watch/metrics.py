@@ -80,7 +80,7 @@ class RunMetrics:
             self._generation.set(event.generation, self._run)
         elif isinstance(event, StateChanged):
             self.state(RunState(event.target))
-        elif isinstance(event, (WorkerLost, WorkerLeft)):
+        elif isinstance(event, WorkerLeft) or (isinstance(event, WorkerLost) and not event.spare):
             self._lost.inc(1, {**self._run, "cause": event.cause})
             self.account.lost(event.generation, event.rank, now)
         elif isinstance(event, Failure):
