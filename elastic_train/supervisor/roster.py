@@ -59,6 +59,7 @@ class Roster:
         self._class = ray.remote(TrainWorker)
         self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         self._spares_from = time.monotonic() + spec.elastic.warm_spares_after_s  # ElasticConfig.warm_spares_after_s
+        self._spares_hold = placement.spare_holds_its_own(scaling.worker_resources())  # else they take bundles over
 
     def with_status(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self.records.values() if w.status is status]
@@ -107,7 +108,7 @@ class Roster:
             return
         resources = self._scaling.worker_resources()
         alive_nodes = self._alive_nodes()
-        holding = filled if not placement.spare_holds_its_own(resources) else alive  # what takes the nodes' room
+        holding = alive if self._spares_hold else filled  # what takes the nodes' room
         placed = Counter(w.node_id or w.planned_node for w in holding)
         choose = placement.spread_node if "SPREAD" in self._scaling.placement_strategy else placement.pack_node
         for slot in slots:
@@ -143,7 +144,7 @@ class Roster:
         self.next_id += 1
         need = self._scaling.worker_resources()
         bundle = bundles.reserve(bundles.name_of(self._prefix, worker_id), need, node, selector) if slot >= 0 else None
-        holds = slot >= 0 or placement.spare_holds_its_own(need)
+        holds = slot >= 0 or self._spares_hold
         resources = need if holds else {}
         env = dict(nccl_env(self._elastic.rendezvous_timeout_s)) if self._spec.backend == "nccl" else {}
         if not holds and int(need.get("CPU", 0)) > 1:
@@ -219,7 +220,7 @@ class Roster:
         its own, the bundle kept for it: the run is whole again as soon as the spare is ready."""
         if lost.slot < 0 or lost.leaving:
             return  # a spare, or a worker whose replacement was requested at its notice
-        holds = placement.spare_holds_its_own(self._scaling.worker_resources())
+        holds = self._spares_hold
         if not holds and lost.node_id not in {n.node_id for n in self._alive_nodes()}:
             return  # its node is gone, and the spares there with it
         spares = [(w.worker_id, w.node_id or w.planned_node, w.status is WorkerStatus.PARKED)
@@ -363,7 +364,7 @@ class Roster:
         ordered = sorted(found, key=lambda found: found[1] not in members)  # members' slots first
         groups = bundles.adopt(self._prefix)
         held = bundles.assign({g: f.node_id for g, f in groups.items()}, [(i.bundle, i.node_id) for _, i in ordered])
-        reserving = any(v > 0 for v in self._scaling.worker_resources().values())
+        reserving = bool(bundles.bundle_of(self._scaling.worker_resources()))
         for (handle, info), group in zip(ordered, held):
             member = info in members
             spare = reserving and group is None and not member  # a spare that took no bundle over
