@@ -3,11 +3,13 @@ running gloo ranks as plain processes."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import ray
 import torch.multiprocessing as mp
 
 import elastic_train as et
@@ -62,6 +64,17 @@ def fit_in_background(trainer: et.TorchTrainer) -> Callable[[float], et.Result]:
         return results["result"]
 
     return join
+
+
+@contextlib.contextmanager
+def surfacing_the_runs_error(join: Callable[[float], et.Result]) -> Iterator[None]:
+    """A test following a run from outside asks its supervisor; once the run ended (fit() killed it)
+    that call raises ActorDiedError. Raise what fit() raised instead: the run's own error."""
+    try:
+        yield
+    except ray.exceptions.RayActorError as lost:
+        join(60)  # raises fit()'s error, if it raised one
+        raise AssertionError("the run's supervisor is gone, but fit() returned a result") from lost
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

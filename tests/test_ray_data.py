@@ -180,29 +180,31 @@ def test_a_hundred_random_kills_and_resizes_train_every_row_once_and_end_as_a_fa
     import time
 
     from tests.guide_loops import guide_loop
-    from tests.helpers import fit_in_background, wait_for
+    from tests.helpers import fit_in_background, surfacing_the_runs_error, wait_for
 
     config = {"epochs": FUZZ_EPOCHS, "step_time": 0.05, "data": "ray", "lr": 0.01}
     join = fit_in_background(make_trainer(run_dirs, (1, 3), guide_loop, datasets={"train": ray_dataset()},
                                           elastic=et.ElasticConfig(heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0),
                                           **config))
-    run = wait_for(lambda: _attached("run"), 120, "the run's supervisor")
-    rng, kills, started = random.Random(36), [], time.monotonic()
-    while run.status()["generation"] < FUZZ_CHANGES:
-        generation = run.status()["generation"]
-        members = wait_for(lambda: (lambda m: m if len(m) >= 2 else None)(run.members()), 120, "two workers training")
-        time.sleep(rng.uniform(0.0, 0.3))  # a random point of a step
-        victims = members[1:] if rng.random() < 0.15 else [rng.choice(members)]
-        for victim in victims:
-            with contextlib.suppress(ProcessLookupError):  # lost already, since members() answered
-                os.kill(victim.pid, signal.SIGKILL)
-        kills.append((len(members), len(members) - len(victims)))
-        wait_for(lambda: run.status()["generation"] > generation, 120, "the run to re-form")
-    print(f"{len(kills)} kills, {run.status()['generation']} generations in {time.monotonic() - started:.0f} s")
-    config["epochs"] = run.status()["metrics"]["epoch"] + 3  # end the run soon, every rank alike
-    with open(os.path.join(run_dirs["log_dir"], "epochs.tmp"), "w") as f:
-        f.write(str(config["epochs"]))
-    os.rename(os.path.join(run_dirs["log_dir"], "epochs.tmp"), os.path.join(run_dirs["log_dir"], "epochs"))
+    with surfacing_the_runs_error(join):
+        run = wait_for(lambda: _attached("run"), 120, "the run's supervisor")
+        rng, kills, started = random.Random(36), [], time.monotonic()
+        while run.status()["generation"] < FUZZ_CHANGES:
+            generation = run.status()["generation"]
+            members = wait_for(lambda: (lambda m: m if len(m) >= 2 else None)(run.members()), 120, "two workers training")
+            time.sleep(rng.uniform(0.0, 0.3))  # a random point of a step
+            victims = members[1:] if rng.random() < 0.15 else [rng.choice(members)]
+            for victim in victims:
+                with contextlib.suppress(ProcessLookupError):  # lost already, since members() answered
+                    os.kill(victim.pid, signal.SIGKILL)
+            kills.append((len(members), len(members) - len(victims)))
+            wait_for(lambda: run.status()["generation"] > generation, 120, "the run to re-form")
+        config["epochs"] = run.status()["metrics"]["epoch"] + 3  # end the run soon, every rank alike
+        print(f"{len(kills)} kills, {run.status()['generation']} generations in {time.monotonic() - started:.0f} s, "
+              f"{config['epochs']} epochs")
+        with open(os.path.join(run_dirs["log_dir"], "epochs.tmp"), "w") as f:
+            f.write(str(config["epochs"]))
+        os.rename(os.path.join(run_dirs["log_dir"], "epochs.tmp"), os.path.join(run_dirs["log_dir"], "epochs"))
     result = join(600)
     check_run(result, run_dirs["log_dir"], config, None, reentered=True)
     assert {after for _, after in kills} >= {1, 2}, kills

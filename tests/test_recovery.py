@@ -63,3 +63,44 @@ def test_rank_0_alone_checkpoints_and_dies_its_replica_serves_the_survivor(local
     steps_run = [p["step"] for p in read_progress(run_dirs["log_dir"]) if p["rank"] == 0]
     assert sorted(set(steps_run)) == list(range(1, steps + 1))
     assert sum(n - 1 for n in Counter(steps_run).values()) <= 1
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_gone_on_in_place_before_get_checkpoint_fetches_from_the_generation_that_planned_it(local_ray,
+                                                                                                      tmp_path):
+    """A generation resumes from a checkpoint in its members' memory; a holder is lost in the loop's
+    first collectives (prepare_model's), and the survivors go on in place into the next generation,
+    without it, before `get_checkpoint()`. The plan's holders are the planning generation's members:
+    the fetch from the lost one ends the generation (PeerLost, the loop re-entered from what is left).
+    It raised KeyError into the loop (a user error: the run failed), seen in the Ray Data fuzz."""
+    import dataclasses
+
+    import ray
+
+    from elastic_train.config import CheckpointConfig
+    from elastic_train.errors import PeerLost
+    from elastic_train.checkpoint.storage import RunStorage
+    from elastic_train.protocol import Assignment, ResumePlan
+    from elastic_train.run_spec import LoopSpec, RunInfo
+    from elastic_train.worker.loop.context import TrainContext
+    from elastic_train.worker.loop.host import SessionSetup
+    from elastic_train.worker.loop.resume import Resume
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def read_checkpoint(self, generation: int, index: int, names: list[str]) -> dict[str, bytes]:
+            return {name: b"" for name in names}
+
+    holder = Holder.remote()
+    ray.get(holder.read_checkpoint.remote(7, 3, []))
+    ray.kill(holder)
+    plan = ResumePlan(index=3, holders={24: ["model.pt"]}, generation=7)
+    planned = Assignment(generation=7, rank=1, world_size=2, local_rank=1, local_world_size=2, node_rank=0,
+                         master_addr="127.0.0.1", master_port=0, resume=plan, peers={24: holder, 25: None})
+    run = RunInfo("run")
+    context = TrainContext(planned, run, RunStorage(str(tmp_path / "storage"), run.name))
+    resume = Resume(SessionSetup(25, context, CheckpointConfig(), 1.0, LoopSpec(lambda: None, None)), host=None)
+    context.assignment = dataclasses.replace(planned, generation=8, rank=0, world_size=1, peers={25: None},
+                                             previous_ranks=(1,))  # as session.go_on_in_place sets it
+    with pytest.raises(PeerLost, match="holding checkpoint 3 was lost"):
+        resume.checkpoint()

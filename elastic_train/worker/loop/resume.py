@@ -55,7 +55,9 @@ class Resume:
     """This generation's resume plan, applied for its session."""
 
     def __init__(self, setup: SessionSetup, host: WorkerServices):
-        self._plan = setup.context.assignment.resume
+        # The plan names its holders among the members of the generation it was made for: their handles
+        # are that generation's, also once the loop went on in place into a later one without some of them.
+        self._plan, self._peers = setup.context.assignment.resume, setup.context.assignment.peers
         self._setup, self._host = setup, host
         self._scratch: str | None = None  # where a loaded checkpoint's files were written
 
@@ -156,7 +158,7 @@ class Resume:
         them (this one included), each checked against the facts it was reported with. A holder lost
         meanwhile ends the generation (the next one resumes from what is left), as a lost peer does: it
         is no error of the loop's. So does a copy that is not what was reported (`_check_served`)."""
-        worker_id, peers = self._setup.worker_id, self._setup.context.assignment.peers
+        worker_id, peers = self._setup.worker_id, self._peers
         holders = {holder: [n for n in held if names is None or n in names] for holder, held in plan.holders.items()}
         holders = {holder: held for holder, held in holders.items() if held}
         remote = [holder for holder in holders if holder != worker_id]
