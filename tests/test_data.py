@@ -18,7 +18,7 @@ def test_batch_sampler_shards_are_disjoint_and_cover_the_epoch(world):
         sampler.start = 10
         seen += [i for batch in sampler for i in batch]
     order = ElasticBatchSampler(50, 8, 0, 1, shuffle=True, seed=3, drop_last=False).order()
-    assert sorted(seen) == sorted(order[10:])
+    assert sorted(seen) == sorted(order[10:].tolist())
 
 
 @pytest.mark.timeout(180)
