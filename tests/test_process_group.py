@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elastic_train.protocol import Assignment
-from elastic_train.worker.group.generation import GenerationGroup, _parse_gloo_rank
+from elastic_train.worker.group.generation import GenerationGroup
+from elastic_train.worker.group.gloo import GLOO_WAITS, arrive, parse_gloo_rank
 from elastic_train.worker.group.nccl_env import HOSTID_PER_PROCESS, apply_nccl_env, nccl_env
 
 TIMEOUT_S = 30.0  # rendezvous and collective timeout of the groups: a hang fails the scenario, not CI
@@ -62,10 +63,11 @@ def _join_by_hand(generation: int, rank: int, world: int, port: int, control: di
     """Join as GenerationGroup.join does, but enter init_process_group only once `after` is set:
     rank 0's store is up by then, and its group is forming, waiting for this rank."""
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+    prefixed = dist.PrefixStore(f"generation/{generation}/", store)
     control.set(f"store_up/{generation}", "1")
+    arrive(prefixed, rank, world, TIMEOUT_S)
     control.wait([after])
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"generation/{generation}/", store), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group("gloo", store=prefixed, rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
 
 
 def _rank_main(scenario: Scenario, rank: int, world: int, ports: list[int], conn: Any) -> None:
@@ -229,10 +231,11 @@ def _join_aborted_once(group: GenerationGroup, assignment: Assignment, ready: Ca
 
 def _abort_while_forming_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
     """The abort of generation 0 reaches rank 0 while its group is forming, waiting for rank 1, which
-    reached the store but never enters the group (it died)."""
+    arrived at the group (`arrive`) but never enters it (it died)."""
     if rank == 1:
-        dist.TCPStore("127.0.0.1", ports[0], world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+        store = dist.TCPStore("127.0.0.1", ports[0], world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
         control.set("store_up/0", "1")
+        arrive(dist.PrefixStore("generation/0/", store), rank, world, TIMEOUT_S)
         control.wait(["done"])
         return {}
     seen = _join_aborted_once(_group(), _assignment(0, rank, world, ports[0]),
@@ -241,18 +244,47 @@ def _abort_while_forming_scenario(rank: int, world: int, ports: list[int], contr
     return seen
 
 
+def _abort_at_the_door_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
+    """The abort of generation 0 reaches rank 0 while it waits at its group's door for rank 1, which
+    reached the store but never arrives (it died)."""
+    if rank == 1:
+        dist.TCPStore("127.0.0.1", ports[0], world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
+        control.set("store_up/0", "1")
+        control.wait(["done"])
+        return {}
+
+    def rank_0_arrived() -> None:
+        control.wait(["store_up/0"])
+        client = dist.TCPStore("127.0.0.1", ports[0], is_master=False, wait_for_workers=False,
+                               timeout=timedelta(seconds=TIMEOUT_S))
+        dist.PrefixStore("generation/0/", client).wait(["arrived/0"])
+
+    seen = _join_aborted_once(_group(), _assignment(0, rank, world, ports[0]), rank_0_arrived, ports[1])
+    control.set("done", "1")
+    return seen
+
+
 def _peer_died_in_the_group_scenario(rank: int, world: int, ports: list[int], control: dist.TCPStore) -> dict:
-    """Rank 0 serves its store from its park (the port it gave); rank 1 enters the group (its gloo
-    record is in the store) and dies there, SIGKILLed, as a peer lost a moment after its generation
-    opened. Then rank 0 joins, with a collective timeout of minutes: how long its join takes, and
-    whether the next generation forms."""
+    """Rank 0 serves its store from its park (the port it gave); rank 1 arrives at the group (with rank
+    0's arrival, made for it: rank 0 is slower to its join), enters it (its gloo record is in the store)
+    and dies there, SIGKILLed, as a peer lost a moment after its generation opened. Then rank 0 joins,
+    with a collective timeout of minutes: how long its join takes, and whether the next generation
+    forms."""
     if rank == 1:
         control.wait(["served"])
         port = int(control.get("store_port"))
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=TIMEOUT_S))
-        threading.Thread(target=dist.init_process_group, daemon=True, kwargs={
-            "backend": "gloo", "store": dist.PrefixStore("generation/0/", store), "rank": 1, "world_size": world,
-            "timeout": timedelta(seconds=TIMEOUT_S)}).start()
+        store = dist.PrefixStore("generation/0/", dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                                                                timeout=timedelta(seconds=TIMEOUT_S)))
+        store.set("arrived/0", "1")
+        arrive(store, 1, world, TIMEOUT_S)
+        # As init_process_group makes its gloo backend (store prefixes and all), on 127.0.0.2: gloo
+        # connects a pair from the side whose address is the greater, so rank 0 (127.0.0.1) is the one
+        # that waits for this rank to connect.
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.2")]
+        options._timeout = timedelta(seconds=TIMEOUT_S)
+        backend_store = dist.PrefixStore("cpu/", dist.PrefixStore("0/", store))
+        threading.Thread(target=dist.ProcessGroupGloo, args=(backend_store, 1, world, options), daemon=True).start()
         _gloo_records(port).wait(["1"])  # its own record written: it is in the group
         control.set("pid", str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
@@ -367,14 +399,23 @@ def test_abort_while_the_group_forms_ends_the_join_at_once():
 
 
 @pytest.mark.timeout(90)
+def test_abort_while_waiting_at_the_groups_door_for_a_peer_ends_the_join_at_once():
+    rank0, _ = _run(_abort_at_the_door_scenario, world=2, generations=2)
+    _assert_join_ended_at_once(rank0)
+
+
+@pytest.mark.timeout(90)
 def test_a_rank_whose_peer_died_inside_the_forming_group_leaves_it_within_its_rendezvous_timeout():
-    """gloo connects the pair from one side: connecting to the dead peer's listener it retried until
-    its timeout, five times over (measured), out of reach of an abort, and the group's timeout was the
-    collective one (minutes): the supervisor dropped the survivor as hung after drain_timeout_s, and
-    its state with it. Connection retries are now off in the workers (that side fails at once) and a
-    group forms within the rendezvous timeout (the waiting side gives up after 5 x that, measured)."""
+    """gloo connects the pair from one side, out of reach of an abort: connecting to the dead peer's
+    listener it retried until its timeout, and waiting for the peer to connect it gives up after
+    GLOO_WAITS times its timeout, which was the collective one (minutes): the supervisor dropped the
+    survivor as hung after drain_timeout_s, and its state with it. Connection retries are now off in
+    the workers (that side fails at once); every rank arrives at the group before gloo connects, and
+    gloo's timeout is the rendezvous timeout over GLOO_WAITS: the waiting side leaves within the
+    rendezvous timeout, which drain_timeout_s exceeds."""
     (rank0,) = _run(_peer_died_in_the_group_scenario, world=2, generations=2, reporting=[0])
-    assert rank0["failure"] is not None and rank0["seconds"] < 5 * FORMING_S + 2.0, rank0
+    assert rank0["failure"] is not None and rank0["seconds"] < FORMING_S + 1.0, rank0
+    assert rank0["seconds"] > FORMING_S / GLOO_WAITS * 0.9, rank0  # it waited: this rank was the waiting side
     assert rank0["next_sum"] == 1.0, "the next generation did not form"
 
 
@@ -403,8 +444,8 @@ def test_parse_gloo_rank_record_ipv4_and_ipv6():
     ipv4 = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 41749) + socket.inet_pton(socket.AF_INET, "10.1.2.3")
     ipv6 = (struct.pack("=H", socket.AF_INET6) + struct.pack("!H", 5000) + b"\0" * 4
             + socket.inet_pton(socket.AF_INET6, "fd00::7"))
-    assert _parse_gloo_rank(record(ipv4)) == ("10.1.2.3", 41749)
-    assert _parse_gloo_rank(record(ipv6)) == ("fd00::7", 5000)
+    assert parse_gloo_rank(record(ipv4)) == ("10.1.2.3", 41749)
+    assert parse_gloo_rank(record(ipv6)) == ("fd00::7", 5000)
 
 
 @pytest.mark.timeout(10)

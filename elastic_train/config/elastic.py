@@ -49,7 +49,8 @@ class ElasticConfig:
     probe_timeout_s: float = 2.0
     """How long a liveness probe of a member may take after a collective fails."""
     rendezvous_timeout_s: float = 20.0
-    """How long a new process group waits for all its ranks to join."""
+    """How long a new process group waits for all its ranks to join; a rank whose peer dies as the group
+    forms leaves it within this (gloo: `worker/group/gloo.py`)."""
     collective_timeout_s: float = 300.0
     """Per-operation timeout of the torch.distributed process group."""
     process_group_destroy_timeout_s: float = 10.0

@@ -13,29 +13,24 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import struct
 import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any, NoReturn
 
-import psutil
 import torch
 import torch.distributed as dist
 
 from elastic_train.protocol import Assignment
 from elastic_train.worker.group.devices import get_device
+from elastic_train.worker.group.gloo import (GLOO_WAITS, Address, Connection, arrive, connections, established,
+                                             gloo_connections, gloo_listeners, matches, shut_down)
 from elastic_train.worker.group.nccl_env import apply_nccl_env
 from elastic_train.worker.group.rendezvous import Rendezvous
 from elastic_train.worker.group.world import WorldGroup, forget, install
 
 logger = logging.getLogger(__name__)
-
-Address = tuple[str, int]
-Connection = tuple[int, Address, Address]  # descriptor, local end, remote end
-
 
 class GenerationGroup:
     """Owns the default process group of the generation this worker belongs to."""
@@ -83,17 +78,21 @@ class GenerationGroup:
                 self._raise_aborted()
             self._store = store  # from here an abort shuts down its connections
         gloo = self.backend == "gloo"
-        before = _established() if gloo else set()
-        # gloo: a peer that died inside the forming group leaves the others connecting to its listener, or
+        before = established() if gloo else set()
+        prefixed = dist.PrefixStore(f"generation/{assignment.generation}/", self._store)
+        if gloo:
+            arrive(prefixed, assignment.rank, assignment.world_size, self._rendezvous_timeout_s)
+        # gloo: a peer that dies inside the forming group leaves the others connecting to its listener, or
         # waiting for it to connect, which no abort interrupts. Connecting fails at once (GLOO_DISABLE_
-        # CONNECTION_RETRIES, set as the worker starts), and waiting ends after 5 x the group's timeout
-        # (measured): forming is bounded by the rendezvous timeout, each collective by its own timeout.
+        # CONNECTION_RETRIES, set as the worker starts); waiting ends after GLOO_WAITS x the group's timeout:
+        # every rank has arrived (`arrive`, which an abort does end), so gloo's share of the rendezvous
+        # timeout is that over GLOO_WAITS. Each collective is then bounded by its own timeout.
         dist.init_process_group(
             self.backend,
-            store=dist.PrefixStore(f"generation/{assignment.generation}/", self._store),
+            store=prefixed,
             rank=assignment.rank,
             world_size=assignment.world_size,
-            timeout=timedelta(seconds=self._rendezvous_timeout_s if gloo else self._collective_timeout_s),
+            timeout=timedelta(seconds=self._rendezvous_timeout_s / GLOO_WAITS if gloo else self._collective_timeout_s),
             **(self._nccl_options() if self.backend == "nccl" else {}),
         )
         _export_env(assignment)
@@ -102,9 +101,9 @@ class GenerationGroup:
             group.set_timeout(timedelta(seconds=self._collective_timeout_s))
         listeners, fallback = None, []
         if gloo:
-            listeners = _gloo_listeners(group, assignment.rank, assignment.world_size)
+            listeners = gloo_listeners(group, assignment.rank, assignment.world_size)
             if listeners is None:
-                fallback = [c for c in _connections() if (c[1], c[2]) not in before]
+                fallback = [c for c in connections() if (c[1], c[2]) not in before]
         if self._in_place:
             install(group)
         with self._lock:
@@ -157,17 +156,17 @@ class GenerationGroup:
 
     def _shut_down_store(self) -> None:
         master = (self._store.host, self._store.port)
-        closed = sum(_shut_down(*c) for c in _connections() if _matches(c[1], master) or _matches(c[2], master))
+        closed = sum(shut_down(*c) for c in connections() if matches(c[1], master) or matches(c[2], master))
         logger.info("generation %s ended while its group formed: shut down %d store connections", self._generation,
                     closed)
 
     def _abort_locked(self) -> None:
         if self.backend == "gloo":
             if self._listeners is not None:
-                connections = _gloo_connections(self._listeners, self._rank)
+                ours = gloo_connections(self._listeners, self._rank)
             else:
-                connections = self._fallback
-            closed = sum(_shut_down(*c) for c in connections)
+                ours = self._fallback
+            closed = sum(shut_down(*c) for c in ours)
             logger.info("aborted the group of generation %s: shut down %d gloo connections", self._generation, closed)
         else:
             groups = _registered_groups()
@@ -305,89 +304,3 @@ def _forget_groups() -> list[dist.ProcessGroup]:
     unregister()
     world.group_count = 0
     return groups
-
-
-# -- gloo's connections ---------------------------------------------------------------------------
-def _gloo_listeners(group: dist.ProcessGroup, rank: int, world_size: int) -> list[Address] | None:
-    """Each rank's gloo listening address, from gloo's own rendezvous records in the group's store
-    (key `<group>/cpu/<device index>/<rank>`: hostname, device address, pair ids; see `Rank::bytes` in
-    gloo/transport/tcp/context.cc). None if they cannot be read or this rank's is not its listener."""
-    try:
-        store = dist.PrefixStore("0", dist.PrefixStore("cpu/", group.get_group_store()))
-        listeners = [_parse_gloo_rank(store.get(str(r))) for r in range(world_size)]
-    except Exception as exc:  # noqa: BLE001 - another gloo layout: fall back, loudly
-        logger.warning("gloo's rendezvous records could not be read (%s); abort() falls back to the connections "
-                       "opened while the group formed, which may include other threads' sockets", exc)
-        return None
-    own = {_address(c.laddr) for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    if not any(_matches(a, listeners[rank]) for a in own):
-        logger.warning("gloo's record of rank %d (%s) is not a listening socket of this process; abort() falls "
-                       "back to the connections opened while the group formed", rank, listeners[rank])
-        return None
-    return listeners
-
-
-def _parse_gloo_rank(data: bytes) -> Address:
-    """The listening address in a gloo TCP `Rank` record: size_t + hostname, size_t + address
-    (a sockaddr_storage, then a sequence number), then the pair ids."""
-    (hostname_size,) = struct.unpack_from("=Q", data, 0)
-    offset = 8 + hostname_size
-    (address_size,) = struct.unpack_from("=Q", data, offset)
-    sockaddr = data[offset + 8 : offset + 8 + address_size]
-    (family,) = struct.unpack_from("=H", sockaddr, 0)
-    (port,) = struct.unpack_from("!H", sockaddr, 2)
-    if family == socket.AF_INET:
-        return socket.inet_ntop(socket.AF_INET, sockaddr[4:8]), port
-    if family == socket.AF_INET6:
-        return _address((socket.inet_ntop(socket.AF_INET6, sockaddr[8:24]), port))
-    raise ValueError(f"address family {family} in a gloo rank record")
-
-
-def _gloo_connections(listeners: list[Address], rank: int) -> list[Connection]:
-    """This process's connections of the group: accepted by this rank's listener, or made to a peer's."""
-    own, peers = listeners[rank], [a for r, a in enumerate(listeners) if r != rank]
-    return [c for c in _connections() if _matches(c[1], own) or any(_matches(c[2], p) for p in peers)]
-
-
-def _connections() -> list[Connection]:
-    return [(c.fd, _address(c.laddr), _address(c.raddr))
-            for c in psutil.Process().net_connections("tcp") if c.fd >= 0 and c.raddr]
-
-
-def _established() -> set[tuple[Address, Address]]:
-    return {(local, remote) for _, local, remote in _connections()}
-
-
-def _shut_down(fd: int, local: Address, remote: Address) -> bool:
-    """Shut down the connection `local`-`remote` at `fd`, if `fd` still is that connection."""
-    try:
-        duplicate = os.dup(fd)
-    except OSError:
-        return False  # closed meanwhile
-    try:
-        sock = socket.socket(fileno=duplicate)
-    except OSError:
-        os.close(duplicate)
-        return False  # the descriptor was reused for something else than a socket
-    with sock:
-        try:
-            if _address(sock.getsockname()) != local or _address(sock.getpeername()) != remote:
-                return False  # the descriptor was reused for another socket
-            sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False  # not connected (any more)
-
-
-def _address(address: Any) -> Address:
-    """(ip, port) of a psutil or socket address; IPv4-mapped IPv6 addresses as plain IPv4."""
-    ip, port = address[0], address[1]
-    return (ip[7:] if ip.startswith("::ffff:") and "." in ip else ip), port
-
-
-def _matches(address: Address, listener: Address) -> bool:
-    """Same port, and the same IP unless one of them is a wildcard (bound to all interfaces)."""
-    wildcards = ("0.0.0.0", "::")
-    return address[1] == listener[1] and (
-        address[0] == listener[0] or address[0] in wildcards or listener[0] in wildcards
-    )
