@@ -32,6 +32,7 @@ from elastic_train.worker.group.world import WorldGroup, forget, install
 
 logger = logging.getLogger(__name__)
 
+
 class GenerationGroup:
     """Owns the default process group of the generation this worker belongs to."""
 

@@ -45,7 +45,7 @@ def gloo_listeners(group: dist.ProcessGroup, rank: int, world_size: int) -> list
         logger.warning("gloo's rendezvous records could not be read (%s); abort() falls back to the connections "
                        "opened while the group formed, which may include other threads' sockets", exc)
         return None
-    own = {address(c.laddr) for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    own = {_address(c.laddr) for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     if not any(matches(a, listeners[rank]) for a in own):
         logger.warning("gloo's record of rank %d (%s) is not a listening socket of this process; abort() falls "
                        "back to the connections opened while the group formed", rank, listeners[rank])
@@ -65,7 +65,7 @@ def parse_gloo_rank(data: bytes) -> Address:
     if family == socket.AF_INET:
         return socket.inet_ntop(socket.AF_INET, sockaddr[4:8]), port
     if family == socket.AF_INET6:
-        return address((socket.inet_ntop(socket.AF_INET6, sockaddr[8:24]), port))
+        return _address((socket.inet_ntop(socket.AF_INET6, sockaddr[8:24]), port))
     raise ValueError(f"address family {family} in a gloo rank record")
 
 
@@ -76,7 +76,7 @@ def gloo_connections(listeners: list[Address], rank: int) -> list[Connection]:
 
 
 def connections() -> list[Connection]:
-    return [(c.fd, address(c.laddr), address(c.raddr))
+    return [(c.fd, _address(c.laddr), _address(c.raddr))
             for c in psutil.Process().net_connections("tcp") if c.fd >= 0 and c.raddr]
 
 
@@ -97,7 +97,7 @@ def shut_down(fd: int, local: Address, remote: Address) -> bool:
         return False  # the descriptor was reused for something else than a socket
     with sock:
         try:
-            if address(sock.getsockname()) != local or address(sock.getpeername()) != remote:
+            if _address(sock.getsockname()) != local or _address(sock.getpeername()) != remote:
                 return False  # the descriptor was reused for another socket
             sock.shutdown(socket.SHUT_RDWR)
             return True
@@ -105,7 +105,7 @@ def shut_down(fd: int, local: Address, remote: Address) -> bool:
             return False  # not connected (any more)
 
 
-def address(address: Any) -> Address:
+def _address(address: Any) -> Address:
     """(ip, port) of a psutil or socket address; IPv4-mapped IPv6 addresses as plain IPv4."""
     ip, port = address[0], address[1]
     return (ip[7:] if ip.startswith("::ffff:") and "." in ip else ip), port
