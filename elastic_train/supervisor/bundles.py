@@ -30,18 +30,13 @@ class Found:
     node_id: str
 
 
-def bundle_of(need: Mapping[str, float]) -> dict[str, float]:
-    """The bundle a worker needing `need` is given (empty: it needs nothing, and gets no group)."""
-    return {k: v for k, v in need.items() if v > 0}
-
-
 def reserve(name: str, need: Mapping[str, float], node: str | None, selector: Mapping[str, str]) -> PlacementGroup | None:
-    """A group of one bundle of `need`, named `name`, on `node` where it has room (a preference: else
-    wherever Ray places it), on a node `selector` allows; None for a worker that needs nothing."""
-    bundle = bundle_of(need)
-    if not bundle:
+    """A group of one bundle of `need` (`ScalingConfig.worker_resources()`: no zeros), named `name`, on
+    `node` where it has room (a preference: else wherever Ray places it), on a node `selector` allows;
+    None for a worker that needs nothing."""
+    if not need:
         return None
-    return placement_group([bundle], strategy="STRICT_PACK", name=name, _soft_target_node_id=node or None,
+    return placement_group([dict(need)], strategy="STRICT_PACK", name=name, _soft_target_node_id=node or None,
                            bundle_label_selector=[dict(selector)] if selector else None)
 
 

@@ -59,7 +59,8 @@ class Roster:
         self._class = ray.remote(TrainWorker)
         self._user_env: dict[str, str] = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         self._spares_from = time.monotonic() + spec.elastic.warm_spares_after_s  # ElasticConfig.warm_spares_after_s
-        self._spares_hold = placement.spare_holds_its_own(scaling.worker_resources())  # else they take bundles over
+        self._need = scaling.worker_resources()  # what each worker asks of Ray (no zeros: ScalingConfig)
+        self._spares_hold = placement.spare_holds_its_own(self._need)  # else they take bundles over
 
     def with_status(self, status: WorkerStatus) -> list[WorkerRecord]:
         return [w for w in self.records.values() if w.status is status]
@@ -86,11 +87,10 @@ class Roster:
     def placeable_now(self) -> int:
         """How many workers the cluster's free resources could host right now, on nodes their label
         selectors allow."""
-        need = self._scaling.worker_resources()
-        by_free = min(placement.fits(need, ray.available_resources()), self._scaling.max_workers)
+        by_free = min(placement.fits(self._need, ray.available_resources()), self._scaling.max_workers)
         if self._scaling.label_selector is None:
             return by_free
-        return min(by_free, placement.placeable(need, self._alive_nodes(), self._scaling.label_selector,
+        return min(by_free, placement.placeable(self._need, self._alive_nodes(), self._scaling.label_selector,
                                                 self._scaling.max_workers))
 
     def top_up(self) -> None:
@@ -106,7 +106,6 @@ class Roster:
         if not slots:
             self._add_spares(alive)
             return
-        resources = self._scaling.worker_resources()
         alive_nodes = self._alive_nodes()
         holding = alive if self._spares_hold else filled  # what takes the nodes' room
         placed = Counter(w.node_id or w.planned_node for w in holding)
@@ -114,7 +113,7 @@ class Roster:
         for slot in slots:
             nodes, selector = placement.avoiding(alive_nodes, self.leaving_nodes,
                                                  placement.selector_for(self._scaling.label_selector, slot))
-            node = choose(resources, nodes, placed)
+            node = choose(self._need, nodes, placed)
             placed[node] += 1
             self._start(slot, node or "", selector)
 
@@ -130,10 +129,9 @@ class Roster:
         spares = Counter(w.node_id or w.planned_node for w in alive if w.slot < 0)
         if not hosts or all(spares[node] >= per_node for node in hosts):
             return
-        need = self._scaling.worker_resources()
         free = ray._private.state.available_resources_per_node()  # a DeveloperAPI: what each node has free now
         leave = {"CPU": 1.0} if self._spec.with_datasets else {}  # Ray Data's tasks go on beside a spare
-        for node in placement.spare_nodes(need, free, hosts, spares, per_node, leave):
+        for node in placement.spare_nodes(self._need, free, hosts, spares, per_node, leave):
             self._start(-1, node, {})
 
     def _start(self, slot: int, node: str, selector: dict[str, str]) -> None:
@@ -142,7 +140,7 @@ class Roster:
         only where `placement.spare_holds_its_own`."""
         worker_id = self.next_id
         self.next_id += 1
-        need = self._scaling.worker_resources()
+        need = self._need
         bundle = bundles.reserve(bundles.name_of(self._prefix, worker_id), need, node, selector) if slot >= 0 else None
         holds = slot >= 0 or self._spares_hold
         resources = need if holds else {}
@@ -364,7 +362,7 @@ class Roster:
         ordered = sorted(found, key=lambda found: found[1] not in members)  # members' slots first
         groups = bundles.adopt(self._prefix)
         held = bundles.assign({g: f.node_id for g, f in groups.items()}, [(i.bundle, i.node_id) for _, i in ordered])
-        reserving = bool(bundles.bundle_of(self._scaling.worker_resources()))
+        reserving = bool(self._need)  # workers run in bundles (`bundles.reserve`)
         for (handle, info), group in zip(ordered, held):
             member = info in members
             spare = reserving and group is None and not member  # a spare that took no bundle over

@@ -60,8 +60,9 @@ class ElasticBatchSampler:
     def chunks(self) -> Iterator[list[int]]:
         """The global batches of the rest of the epoch: the owed samples, then the order from `start`."""
         owed, order, start, size = list(self.owed), self.order(), self.start, self.global_batch
-        for step in range(self.steps_left()):
-            begin, end = step * size, min((step + 1) * size, len(owed) + self.size - start)
+        total = len(owed) + self.size - start
+        for step in range(self._batches(total)):
+            begin, end = step * size, min((step + 1) * size, total)
             head = owed[begin:end] if begin < len(owed) else []
             tail = order[start + max(begin - len(owed), 0) : start + max(end - len(owed), 0)]
             yield head + (tail.tolist() if isinstance(tail, torch.Tensor) else list(tail))
