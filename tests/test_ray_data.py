@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import ray
@@ -63,6 +64,37 @@ def test_a_loop_reentered_from_its_checkpoint_trains_every_row_once_an_epoch(dat
     assert result.checkpoint.to_dict()["counts"].tolist() == [3.0] * 96, "a row was skipped or trained twice"
     assert result.world_sizes[:2] == [2, 1]
     _steps_disjoint(run_dirs["log_dir"])
+
+
+@pytest.mark.timeout(120)
+def test_the_coordinator_reads_an_epoch_ahead_of_the_ranks_up_to_its_budget(data_ray):
+    """Ray Data's executor loops without pause while its output waits to be taken: the coordinator
+    takes an epoch's blocks as they come, so an epoch that fits its budget is read to its end after
+    the first ask (and its executor stops); one that does not is held no further than the budget
+    ahead, and a rank's ask reads past it. Either way, every row of the epoch is served, in the order
+    the execution gave it."""
+    from elastic_train.ingest.coordinator import _Execution
+    from tests.helpers import wait_for
+
+    def served(execution, rows):
+        execution.reach(rows)
+        return [row for p in execution.pieces(0, rows) for row in
+                ray.get(p.block[0])["id"].to_pylist()[p.block[1] + p.offset:p.block[1] + p.offset + p.length]]
+
+    whole = _Execution(_ids(64), 0)
+    first = served(whole, 8)
+    wait_for(lambda: whole.blocks.ended or None, 60, "the epoch read to its end without being asked")
+    every = served(whole, 64)
+    assert whole.blocks.rows == 64 and every[:8] == first and sorted(every) == list(range(64))
+    whole.close()
+
+    budget = _Execution(_ids(64), 0, read_ahead_bytes=1)  # every block is over it: one read past the ask
+    first = served(budget, 8)
+    time.sleep(0.5)  # time to read further, were it not held to its budget
+    assert not budget.blocks.ended and budget.blocks.rows < 64, budget.blocks.rows
+    every = served(budget, 64)
+    assert every[:8] == first and sorted(every) == list(range(64))
+    budget.close()
 
 
 @pytest.mark.timeout(240)
