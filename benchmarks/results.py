@@ -37,6 +37,8 @@ BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
      ["--kills", "10"]),
     ("checkpoint", "Checkpoint save/load throughput against a raw fsspec copy; training stall per report next to "
                    "Ray Train's report.", ["--quick"], []),
+    ("barrier_cost", "What a per-step agreement (report()'s barrier) costs a plain gloo DDP loop, and the goodput "
+                     "ceiling it leaves.", ["--quick"], []),
     ("overhead", "Fault-free throughput against plain PyTorch DDP on the same model, next to torchft.", ["--quick"],
      []),
     ("start", "fit() of a loop that reports once, and where its time goes, next to Ray Train.", ["--quick"], []),
