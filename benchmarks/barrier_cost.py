@@ -6,10 +6,11 @@ next one. goodput_sweep's ceiling is the loop's own step over the time each step
 measures how much of that a barrier alone takes on this machine, whatever the library around it does.
 
 What: two processes on gloo (one thread each, as Ray's 1-CPU workers), the benchmarks' DDP model and
-step (`--step-time` of simulated compute), `--steps` steps, in three variants one after the other: no
+step (`--step-time` of simulated compute), `--steps` steps, in four variants one after the other: no
 agreement; one 8-element all-reduce per step issued after the step and awaited before the next one's
-(`pipelined`, what a plain report does); the same awaited at once (`waited`, what a report that
-decides does). Per variant, rank 0's: the mean time a step really takes (the loop's wall time over
+(`pipelined`, what a plain report does); the same over a gloo group of its own (`own group`: its
+sockets and threads apart from the gradients'); awaited at once (`waited`, what a report that decides
+does). Per variant, rank 0's: the mean time a step really takes (the loop's wall time over
 its steps, past the first 20); its median step, start to end; and their ratio, the goodput such a loop
 reaches without a single fault (what goodput_sweep counts as useful is the median step).
 
@@ -34,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.common import BATCH, TABLE, WIDTH, build_model, free_port, machine_facts, train_step
 
-VARIANTS = ("none", "pipelined", "waited")
+VARIANTS = ("none", "pipelined", "own group", "waited")
 WARMUP = 20  # steps not counted: the first ones pay for threads, allocations and caches
 
 
@@ -45,6 +46,7 @@ def _loop(rank: int, port: int, variant: str, steps: int, step_time: float, out:
     model, optimizer = build_model()
     ddp = DistributedDataParallel(model)
     table = torch.randn(TABLE, WIDTH, generator=torch.Generator().manual_seed(0))
+    barrier_group = dist.new_group(backend="gloo") if variant == "own group" else None
     pending: dist.Work | None = None
     durations, began_counting = [], 0.0
     for step in range(steps):
@@ -57,7 +59,7 @@ def _loop(rank: int, port: int, variant: str, steps: int, step_time: float, out:
         if variant != "none":
             if pending is not None:
                 pending.wait()
-            pending = dist.all_reduce(torch.zeros(8, dtype=torch.int64), async_op=True)
+            pending = dist.all_reduce(torch.zeros(8, dtype=torch.int64), async_op=True, group=barrier_group)
             if variant == "waited":
                 pending.wait()
     if pending is not None:
@@ -91,7 +93,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for variant in VARIANTS:
-        result = args.out / f"{variant}.json"
+        result = args.out / f"{variant.replace(' ', '_')}.json"
         mp.spawn(_loop, args=(free_port(), variant, steps, args.step_time, str(result)), nprocs=2)
         rows.append(json.loads(result.read_text()))
     report = {"benchmark": "barrier_cost", "step_time_s": args.step_time, "machine": machine_facts(), "rows": rows}
